@@ -1,0 +1,75 @@
+"""durable_steps: crash-resumable agent loops with nothing but a bucket.
+
+The loop's state is checkpointed to object storage (S3 and compatible
+services, or a local directory) after every committed step; rerunning the
+same script resumes where it stopped. See the README for the guarantees.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from . import testing
+from ._events import Event
+from ._step import Context, Retry, Step, step
+from ._version import __version__
+from ._workflow import Workflow
+from .errors import (
+    CheckpointConflict,
+    ConditionalWritesUnsupported,
+    CorruptCheckpoint,
+    DefinitionError,
+    DurableStepsError,
+    RunLocked,
+    SerializationError,
+    StepFailed,
+    StepInDoubt,
+    StoreError,
+    WorkflowChanged,
+)
+from .serializers import JSONSerializer, PickleSerializer, Serializer, SignedSerializer
+from .stores import LocalStore, MemoryStore, ObjectInfo, Store, open_store
+
+if TYPE_CHECKING:
+    from .stores.s3 import S3Store
+
+__all__ = [
+    "CheckpointConflict",
+    "ConditionalWritesUnsupported",
+    "Context",
+    "CorruptCheckpoint",
+    "DefinitionError",
+    "DurableStepsError",
+    "Event",
+    "JSONSerializer",
+    "LocalStore",
+    "MemoryStore",
+    "ObjectInfo",
+    "PickleSerializer",
+    "Retry",
+    "RunLocked",
+    "S3Store",
+    "SerializationError",
+    "Serializer",
+    "SignedSerializer",
+    "Step",
+    "StepFailed",
+    "StepInDoubt",
+    "Store",
+    "StoreError",
+    "Workflow",
+    "WorkflowChanged",
+    "__version__",
+    "open_store",
+    "step",
+    "testing",
+]
+
+
+def __getattr__(name: str) -> Any:
+    # boto3 takes a while to import; load it only when S3 is used.
+    if name == "S3Store":
+        from .stores.s3 import S3Store  # noqa: PLC0415
+
+        return S3Store
+    raise AttributeError(f"module 'durable_steps' has no attribute {name!r}")

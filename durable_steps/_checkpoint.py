@@ -1,0 +1,236 @@
+"""The checkpoint record: what one stored object of a run holds.
+
+Layout (format 1) — one object per run, at ``<workflow>/<run_id>/checkpoint``::
+
+    {"format":1,"workflow":"support-agent","run_id":"ticket-4411",...}\\n
+    <the state, as the serializer encoded it>
+
+The first line is a JSON *header*; everything after the first newline is the
+*payload*, the serializer's bytes, copied verbatim (a JSON state stays
+readable with ``tail -n +2``; a pickle state is not mangled by base64). The
+header says how to read the payload and where the run stands:
+
+``format``
+    1. A reader refuses a higher number (``CorruptCheckpoint``: written by a
+    newer durable_steps) instead of guessing. A later incremental format
+    (message histories written as deltas) gets format 2 and is read beside
+    this one.
+``workflow``, ``run_id``
+    The run's identity, checked against the key it was read from.
+``run_nonce``
+    32 random hex digits chosen when the run is created. Idempotency keys are
+    derived from it, so a run deleted and started again under the same id
+    gets new keys.
+``steps``
+    The step names in order: resuming under another sequence raises
+    ``WorkflowChanged``.
+``serializer``
+    The payload's serializer name (``json``, ``pickle``,
+    ``pickle+hmac-sha256``).
+``status``
+    ``running``, ``failed`` (a step used up its retries; see ``error``),
+    ``in_doubt`` (a step with ``in_doubt="raise"`` stopped the run; see
+    ``intent``) or ``completed`` (the terminal marker: the payload is the
+    final state and a rerun runs nothing).
+``iteration``, ``next_step``
+    The cursor: steps ``[0, next_step)`` of pass ``iteration`` (0-based) are
+    committed, and the payload is the state after them.
+``intent``
+    ``null``, or the non-idempotent step that may be firing:
+    ``{"step", "index", "iteration", "key", "at"}``. Written (with the
+    unchanged payload) *before* the step fires; cleared by its commit. An
+    intent found on resume means the step may have fired.
+``error``
+    ``null``, or the last failure: ``{"step", "iteration", "type",
+    "message", "attempts", "at"}``. Cleared by the next commit.
+``history``
+    The most recent commits, oldest first, bounded (so a 10,000-step run does
+    not grow its checkpoint): ``[step, iteration, attempts, seconds, at]``.
+``committed``
+    How many step commits the run has made in all.
+``created_at``, ``updated_at``
+    Seconds since the epoch.
+``size``, ``crc32``
+    Length and CRC-32 of the payload: a truncated or damaged object is
+    detected before anything is decoded.
+
+The header is compact and small (well under a kilobyte), so writing it next
+to the payload costs about nothing; the payload itself is encoded once per
+commit and reused unchanged by the intent write that precedes the next
+non-idempotent step.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import secrets
+import time
+import zlib
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any, Literal
+
+from .errors import CorruptCheckpoint, DefinitionError
+
+__all__ = [
+    "FORMAT",
+    "HISTORY_LIMIT",
+    "Checkpoint",
+    "checkpoint_key",
+    "decode",
+    "encode",
+    "idempotency_key",
+    "validate_name",
+]
+
+FORMAT = 1
+HISTORY_LIMIT = 20
+Status = Literal["running", "failed", "in_doubt", "completed"]
+_STATUSES = ("running", "failed", "in_doubt", "completed")
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._@=+:-]{0,199}")
+CHECKPOINT_OBJECT = "checkpoint"
+
+
+def validate_name(value: object, what: str) -> str:
+    """Return ``value`` if it is a safe workflow name or run id, else raise.
+
+    Names become parts of object keys and file paths, so they may not contain
+    ``/`` or start with ``.`` (no ``..`` traversal, no hidden files).
+    """
+    if not isinstance(value, str) or not _NAME.fullmatch(value):
+        raise DefinitionError(
+            f"invalid {what} {value!r}: use 1-200 characters from letters, digits and "
+            "'._@=+:-', starting with a letter or digit (no '/', no leading '.')"
+        )
+    return value
+
+
+def checkpoint_key(workflow: str, run_id: str) -> str:
+    """The store key of a run's checkpoint."""
+    return f"{workflow}/{run_id}/{CHECKPOINT_OBJECT}"
+
+
+def idempotency_key(run_nonce: str, iteration: int, index: int, step: str) -> str:
+    """Derive the idempotency key of one step of one pass of one run.
+
+    ``ds-`` and 40 hex digits of SHA-256 over the run's nonce, the pass, the
+    step's position and its name: 43 printable ASCII characters (within the
+    64 that Stripe and AWS client tokens allow), the same on every retry and
+    re-fire of that step in that pass, different for every other pass, step
+    and run. The runner persists the key in the intent before the step fires
+    and reuses the persisted value, so a future change here never changes the
+    key of a step already in flight.
+    """
+    material = f"{run_nonce}:{iteration}:{index}:{step}".encode()
+    return "ds-" + hashlib.sha256(material).hexdigest()[:40]
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """The header of a checkpoint (see the module docstring for each field)."""
+
+    workflow: str
+    run_id: str
+    steps: tuple[str, ...]
+    serializer: str
+    run_nonce: str = field(default_factory=lambda: secrets.token_hex(16))
+    status: Status = "running"
+    iteration: int = 0
+    next_step: int = 0
+    intent: dict[str, Any] | None = None
+    error: dict[str, Any] | None = None
+    history: tuple[tuple[Any, ...], ...] = ()
+    committed: int = 0
+    created_at: float = field(default_factory=time.time)
+    updated_at: float = field(default_factory=time.time)
+
+    @property
+    def run(self) -> str:
+        """``workflow/run_id``, the way errors and logs name a run."""
+        return f"{self.workflow}/{self.run_id}"
+
+    def evolve(self, **changes: Any) -> Checkpoint:
+        """A copy with ``changes`` applied and ``updated_at`` set to now."""
+        return replace(self, updated_at=time.time(), **changes)
+
+    def with_commit(
+        self,
+        step: str,
+        attempts: int,
+        seconds: float,
+        *,
+        iteration: int,
+        next_step: int,
+        completed: bool,
+    ) -> Checkpoint:
+        """The header after committing ``step``: cursor moved, intent and
+        error cleared, the commit appended to the bounded history."""
+        now = time.time()
+        entry = (step, self.iteration, attempts, round(seconds, 6), round(now, 3))
+        return replace(
+            self,
+            status="completed" if completed else "running",
+            iteration=iteration,
+            next_step=next_step,
+            intent=None,
+            error=None,
+            history=(*self.history, entry)[-HISTORY_LIMIT:],
+            committed=self.committed + 1,
+            updated_at=now,
+        )
+
+
+def encode(header: Checkpoint, payload: bytes) -> bytes:
+    """Serialize ``header`` and ``payload`` into the stored bytes."""
+    record = asdict(header)
+    record["size"] = len(payload)
+    record["crc32"] = zlib.crc32(payload)
+    line = json.dumps({"format": FORMAT, **record}, separators=(",", ":"), ensure_ascii=True)
+    return line.encode() + b"\n" + payload
+
+
+def decode(data: bytes, *, where: str) -> tuple[Checkpoint, bytes]:
+    """Parse stored bytes into ``(header, payload)``.
+
+    ``where`` names the object in error messages. Raises
+    :class:`CorruptCheckpoint` for anything that is not a complete checkpoint
+    of a format this version can read.
+    """
+    newline = data.find(b"\n")
+    try:
+        record = json.loads(data[:newline]) if newline >= 0 else None
+    except ValueError:
+        record = None
+    if not isinstance(record, dict) or "format" not in record:
+        raise CorruptCheckpoint(
+            f"{where} is not a durable_steps checkpoint (no valid header line). "
+            "It was left untouched; restore it or delete the run to start over."
+        )
+    version = record.pop("format")
+    if not isinstance(version, int) or version > FORMAT:
+        raise CorruptCheckpoint(
+            f"{where} has checkpoint format {version!r}, newer than this durable_steps "
+            f"reads (format {FORMAT}). Upgrade durable_steps to resume it; it was left untouched."
+        )
+    payload = data[newline + 1 :]
+    size, crc = record.pop("size", None), record.pop("crc32", None)
+    if size != len(payload) or crc != zlib.crc32(payload):
+        raise CorruptCheckpoint(
+            f"{where} is truncated or damaged: its header promises {size} bytes of state "
+            f"(crc32 {crc}), the object holds {len(payload)}. It was left untouched; "
+            "restore it from a backup or delete the run to start over."
+        )
+    try:
+        header = Checkpoint(
+            **{
+                **record,
+                "steps": tuple(record["steps"]),
+                "history": tuple(tuple(h) for h in record.get("history", ())),
+            }
+        )
+    except (KeyError, TypeError) as exc:
+        raise CorruptCheckpoint(f"{where} has a malformed header ({exc}); left untouched.") from exc
+    if header.status not in _STATUSES:
+        raise CorruptCheckpoint(f"{where} has an unknown status {header.status!r}; left untouched.")
+    return header, payload

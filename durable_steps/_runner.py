@@ -1,0 +1,545 @@
+"""The run protocol: load → resume → intent → fire → commit → terminal marker.
+
+One generator, :func:`execute`, holds the whole protocol. It never does I/O
+itself: it *yields* effects (:class:`Get`, :class:`Put`, :class:`Delete`,
+:class:`Call`, :class:`Sleep`) and is sent their results (or has their
+exceptions thrown in). :func:`drive_sync` and :func:`drive_async` perform the
+effects — directly, or with ``await`` and ``asyncio.to_thread`` — so ``run``
+and ``arun`` share every line of the protocol and cannot drift apart.
+
+The write protocol of one step, where ``V`` is the version (ETag) this
+process last read or wrote::
+
+    non-idempotent only:
+      PUT header{intent: key} + unchanged payload   If-Match: V   → V'
+    fire the step (retries start over from the committed payload)
+    PUT header{cursor+1, intent: null} + new payload If-Match: V' → V''
+        (the last step's commit also carries status "completed")
+
+The first write of a run is create-only (``If-None-Match: *``). A refused
+condition means another process took the run: :class:`CheckpointConflict`,
+and nothing further runs. A crash anywhere leaves either the previous commit
+(the step runs again) or the intent (the step *may* have fired: re-fire with
+the same key, reconcile, or stop, per the step's ``in_doubt`` policy).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import time
+from collections.abc import Callable, Generator, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import tenacity
+
+from . import _checkpoint as ckpt
+from ._events import Event, EventKind, Subscriber, emit, logger
+from ._step import Context, Step
+from .errors import (
+    CheckpointConflict,
+    CorruptCheckpoint,
+    DurableStepsError,
+    SerializationError,
+    StepFailed,
+    StepInDoubt,
+    WorkflowChanged,
+)
+
+if TYPE_CHECKING:
+    from .serializers import Serializer
+    from .stores import Store
+
+__all__ = ["Plan", "drive_async", "drive_sync", "execute"]
+
+T = TypeVar("T")
+
+
+# --- effects ----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Get:
+    """Read a key: result ``(bytes, version) | None``."""
+
+    key: str
+
+
+@dataclass(frozen=True)
+class Put:
+    """Conditional write: result the new version."""
+
+    key: str
+    data: bytes
+    match: str | None
+
+
+@dataclass(frozen=True)
+class Delete:
+    """Remove a key."""
+
+    key: str
+
+
+@dataclass(frozen=True)
+class Call:
+    """Call user code (a step, ``reconcile``); awaited when it is async."""
+
+    fn: Callable[..., Any]
+    args: tuple[Any, ...]
+
+
+@dataclass(frozen=True)
+class Sleep:
+    """Wait between retries."""
+
+    seconds: float
+
+
+Effect = Get | Put | Delete | Call | Sleep
+Protocol = Generator[Effect, Any, T]
+
+
+def _no_sleep_in_tests() -> bool:
+    # ds.testing.no_wait() flips this; read at each sleep so it can be
+    # switched on after workflows are defined.
+    from . import testing  # noqa: PLC0415 - avoids an import cycle
+
+    return testing.sleeps_disabled()
+
+
+def drive_sync(protocol: Protocol[T], store: Store) -> T:
+    """Run ``protocol`` to completion in this thread."""
+    send: Any = None
+    error: BaseException | None = None
+    while True:
+        try:
+            effect = protocol.throw(error) if error is not None else protocol.send(send)
+        except StopIteration as done:
+            return done.value  # type: ignore[no-any-return]
+        send, error = None, None
+        try:
+            if isinstance(effect, Get):
+                send = store.get(effect.key)
+            elif isinstance(effect, Put):
+                send = store.put(effect.key, effect.data, match=effect.match)
+            elif isinstance(effect, Delete):
+                store.delete(effect.key)
+            elif isinstance(effect, Call):
+                send = effect.fn(*effect.args)
+            elif not _no_sleep_in_tests():
+                time.sleep(effect.seconds)
+        except BaseException as exc:  # noqa: BLE001 - handed to the protocol, which decides
+            error = exc
+
+
+async def drive_async(protocol: Protocol[T], store: Store) -> T:
+    """Run ``protocol`` under asyncio: store calls in a worker thread, async
+    steps awaited, sync steps called on the event loop."""
+    send: Any = None
+    error: BaseException | None = None
+    while True:
+        try:
+            effect = protocol.throw(error) if error is not None else protocol.send(send)
+        except StopIteration as done:
+            return done.value  # type: ignore[no-any-return]
+        send, error = None, None
+        try:
+            if isinstance(effect, Get):
+                send = await asyncio.to_thread(store.get, effect.key)
+            elif isinstance(effect, Put):
+                send = await asyncio.to_thread(store.put, effect.key, effect.data, match=effect.match)
+            elif isinstance(effect, Delete):
+                await asyncio.to_thread(store.delete, effect.key)
+            elif isinstance(effect, Call):
+                send = effect.fn(*effect.args)
+                if inspect.isawaitable(send):
+                    send = await send
+            elif not _no_sleep_in_tests():
+                await asyncio.sleep(effect.seconds)
+        except BaseException as exc:  # noqa: BLE001 - handed to the protocol, which decides
+            error = exc
+
+
+# --- the protocol -------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What a run needs from its workflow (kept apart so the runner never
+    reaches back into ``Workflow``)."""
+
+    workflow: str
+    steps: Sequence[Step[..., Any]]
+    serializer: Serializer
+    until: Callable[[Any], bool] | None
+    on_complete: str
+    subscribers: Sequence[Subscriber]
+
+
+class _Run:
+    """The mutable state of one execution: the committed payload, its
+    version, the header, and the live state object."""
+
+    def __init__(self, plan: Plan, run_id: str) -> None:
+        self.plan = plan
+        self.run_id = run_id
+        self.name = f"{plan.workflow}/{run_id}"
+        self.key = ckpt.checkpoint_key(plan.workflow, run_id)
+        self.version: str | None = None
+        self.header: ckpt.Checkpoint
+        self.payload: bytes = b""
+        self.state: Any = None
+
+    def event(self, kind: EventKind, **fields: Any) -> None:
+        if self.plan.subscribers:
+            emit(self.plan.subscribers, Event(kind, self.plan.workflow, self.run_id, **fields))
+
+    def encode_state(self, step: str | None) -> bytes:
+        try:
+            return self.plan.serializer.dumps(self.state)
+        except SerializationError as exc:
+            where = f" after step {step!r}" if step else ""
+            raise SerializationError(
+                f"run {self.name}: cannot save the state{where}: {exc.message} "
+                "The last good checkpoint is kept; the step will run again on resume.",
+                run=self.name,
+                step=step,
+                path=exc.path,
+            ) from exc
+
+    def decode_state(self, payload: bytes) -> Any:
+        try:
+            return self.plan.serializer.loads(payload)
+        except CorruptCheckpoint as exc:
+            raise CorruptCheckpoint(
+                f"run {self.name}: the checkpoint at {self.key!r} cannot be decoded: "
+                f"{exc.message} It was left untouched.",
+                run=self.name,
+            ) from exc
+
+    def write(self, header: ckpt.Checkpoint, step: str | None) -> Protocol[None]:
+        """Conditionally write ``header`` + the current payload."""
+        data = ckpt.encode(header, self.payload)
+        try:
+            self.version = yield Put(self.key, data, self.version)
+        except CheckpointConflict as exc:
+            at = f" at step {step!r}" if step else ""
+            raise CheckpointConflict(
+                f"run {self.name}: another process changed its checkpoint{at}, so this "
+                "process stopped without overwriting it (it had been taken over, or ran "
+                "twice). Nothing further ran here; let the other process finish.",
+                run=self.name,
+                step=step,
+            ) from exc
+        self.header = header
+
+
+def execute(plan: Plan, run_id: str, initial: Any) -> Protocol[Any]:
+    """The whole run protocol; returns the final state."""
+    run = _Run(plan, run_id)
+    found = yield Get(run.key)
+    if found is None:
+        yield from _create(run, initial)
+    else:
+        yield from _load(run, *found)
+        if run.header.status == "completed":
+            logger.info("run %s is already complete; nothing to do", run.name)
+            if plan.on_complete == "delete":  # a crash came between commit and delete
+                yield Delete(run.key)
+            return run.state
+    steps = plan.steps
+    while run.header.status != "completed":
+        index = run.header.next_step
+        yield from _advance(run, steps[index], index)
+    return (yield from _finish(run))
+
+
+def _create(run: _Run, initial: Any) -> Protocol[None]:
+    plan = run.plan
+    run.state = {} if initial is None else initial
+    run.payload = run.encode_state(None)
+    done = plan.until is not None and _until(run, None)
+    header = ckpt.Checkpoint(
+        workflow=plan.workflow,
+        run_id=run.run_id,
+        steps=tuple(s.name for s in plan.steps),
+        serializer=plan.serializer.name,
+        status="completed" if done else "running",
+    )
+    yield from run.write(header, None)
+    logger.info("run %s started", run.name)
+    run.event("run_started")
+
+
+def _load(run: _Run, data: bytes, version: str) -> Protocol[None]:
+    plan = run.plan
+    header, payload = ckpt.decode(data, where=f"run {run.name}: checkpoint {run.key!r}")
+    if (header.workflow, header.run_id) != (plan.workflow, run.run_id):
+        raise CorruptCheckpoint(
+            f"run {run.name}: the checkpoint at {run.key!r} belongs to run "
+            f"{header.run}; it was left untouched.",
+            run=run.name,
+        )
+    if header.serializer != plan.serializer.name:
+        raise WorkflowChanged(
+            f"run {run.name} was saved with serializer {header.serializer!r}, but the "
+            f"workflow now uses {plan.serializer.name!r}. Use the serializer (and signing "
+            "key) it was started with, or start a new run.",
+            run=run.name,
+        )
+    if header.status != "completed":
+        _check_steps(run.name, header.steps, tuple(s.name for s in plan.steps))
+    run.header, run.payload, run.version = header, payload, version
+    run.state = run.decode_state(payload)
+    if header.status != "completed":
+        step = plan.steps[header.next_step].name
+        logger.info(
+            "run %s resumed at step %r (iteration %d) after %d committed steps",
+            run.name, step, header.iteration, header.committed,
+        )
+        run.event("run_resumed", step=step, iteration=header.iteration)
+    return
+    yield  # pragma: no cover - makes this a generator
+
+
+def _check_steps(name: str, stored: tuple[str, ...], current: tuple[str, ...]) -> None:
+    if stored == current:
+        return
+    added = [s for s in current if s not in stored]
+    removed = [s for s in stored if s not in current]
+    parts = []
+    if added:
+        parts.append(f"added {added}")
+    if removed:
+        parts.append(f"removed {removed}")
+    if not parts:
+        parts.append("reordered")
+    raise WorkflowChanged(
+        f"run {name} was made by steps {list(stored)}, but the workflow now has "
+        f"{list(current)} ({'; '.join(parts)}). Resuming could skip or repeat work: "
+        "finish it with the old code, or delete the run to start over.",
+        run=name,
+    )
+
+
+def _advance(run: _Run, step: Step[..., Any], index: int) -> Protocol[None]:
+    """Run one step and commit it: everything between a step's start and its
+    checkpoint happens here."""
+    header = run.header
+    key = ckpt.idempotency_key(header.run_nonce, header.iteration, index, step.name)
+    intent = header.intent
+    in_doubt = bool(
+        intent and intent.get("index") == index and intent.get("iteration") == header.iteration
+    )
+    if in_doubt:
+        assert intent is not None
+        key = intent["key"]  # the persisted key wins over a re-derived one
+    ctx = Context(run.run_id, run.plan.workflow, step.name, header.iteration, 1, key, in_doubt)
+
+    if in_doubt:
+        already_done = yield from _settle_doubt(run, step, ctx, intent or {})
+        if already_done:
+            yield from _commit(run, step, ctx, attempts=0, seconds=0.0)
+            return
+    elif not step.idempotent:
+        intent = {"step": step.name, "index": index, "iteration": header.iteration,
+                  "key": key, "at": round(time.time(), 3)}
+        yield from run.write(header.evolve(intent=intent), step.name)
+
+    started = time.monotonic()
+    attempts = yield from _fire(run, step, ctx)
+    yield from _commit(run, step, ctx, attempts, time.monotonic() - started)
+
+
+def _settle_doubt(
+    run: _Run, step: Step[..., Any], ctx: Context, intent: dict[str, Any]
+) -> Protocol[bool]:
+    """Decide an intent found without a commit. True: the effect happened."""
+    run.event("step_in_doubt", step=step.name, iteration=ctx.iteration,
+              idempotency_key=ctx.idempotency_key)
+    resolution = intent.get("resolution")
+    if resolution is not None:
+        logger.info("run %s: step %r was resolved as %s", run.name, step.name, resolution)
+        return bool(resolution == "fired")
+    if step.reconcile is not None:
+        happened = yield Call(step.reconcile, (run.state, ctx))
+        logger.warning(
+            "run %s: step %r may have fired (key %s); reconcile says %s",
+            run.name, step.name, ctx.idempotency_key, "it did" if happened else "it did not",
+        )
+        if not happened:
+            run.state = run.decode_state(run.payload)  # drop what reconcile changed
+        return bool(happened)
+    if step.in_doubt == "raise":
+        yield from run.write(run.header.evolve(status="in_doubt"), step.name)
+        raise StepInDoubt(
+            f"run {run.name}: step {step.name!r} (iteration {ctx.iteration}) may have "
+            f"fired before the last crash, with idempotency key {ctx.idempotency_key}. "
+            "Check whether its effect happened, then call "
+            f"wf.resolve({run.run_id!r}, fired=True|False) or run "
+            f"`durable-steps resolve {run.name} --fired|--not-fired`, and run it again.",
+            run=run.name,
+            step=step.name,
+            key=ctx.idempotency_key,
+            iteration=ctx.iteration,
+        )
+    logger.warning(
+        "run %s: step %r may have fired before the last crash; firing it again with "
+        "the same idempotency key %s", run.name, step.name, ctx.idempotency_key,
+    )
+    return False
+
+
+def _fire(run: _Run, step: Step[..., Any], ctx: Context) -> Protocol[int]:
+    """Call the step until it succeeds or its retry policy gives up.
+
+    Every attempt after the first starts from the committed payload, decoded
+    afresh, so changes a failed attempt made in place are gone. Returns the
+    number of attempts made.
+    """
+    policy = step.retry._policy() if step.retry else None  # noqa: SLF001
+    tries = tenacity.RetryCallState(policy, None, (), {}) if policy else None
+    while True:
+        run.event("step_started", step=step.name, iteration=ctx.iteration, attempt=ctx.attempt,
+                  idempotency_key=ctx.idempotency_key)
+        args = (run.state, ctx) if step.takes_context else (run.state,)
+        try:
+            result = yield Call(step.fn, args)
+        except Exception as exc:  # noqa: BLE001 - the retry policy decides what to do
+            wait = _next_wait(policy, tries, exc)
+            if wait is None:
+                yield from _give_up(run, step, ctx, exc)
+            assert tries is not None and wait is not None
+            logger.warning(
+                "run %s: step %r attempt %d failed (%s: %s); retrying in %.2fs",
+                run.name, step.name, ctx.attempt, type(exc).__name__, exc, wait,
+            )
+            run.event("step_retrying", step=step.name, iteration=ctx.iteration,
+                      attempt=ctx.attempt, duration=wait, error=exc)
+            yield Sleep(wait)
+            tries.prepare_for_next_attempt()
+            ctx.attempt += 1
+            run.state = run.decode_state(run.payload)
+            continue
+        if result is not None:
+            run.state = result
+        return ctx.attempt
+
+
+def _next_wait(
+    policy: tenacity.Retrying | None, tries: tenacity.RetryCallState | None, exc: Exception
+) -> float | None:
+    """Ask tenacity what follows a failed attempt: seconds to wait, or None
+    to give up (attempts used up, or an exception not retried)."""
+    if policy is None or tries is None:
+        return None
+    tries.set_exception((type(exc), exc, exc.__traceback__))
+    try:
+        action = policy.iter(tries)
+    except Exception:  # noqa: BLE001 - tenacity re-raises the step's error to stop
+        return None
+    return float(action) if isinstance(action, tenacity.DoSleep) else None
+
+
+def _give_up(run: _Run, step: Step[..., Any], ctx: Context, exc: Exception) -> Protocol[None]:
+    """Record the failure in the checkpoint, then raise StepFailed."""
+    error = {
+        "step": step.name,
+        "iteration": ctx.iteration,
+        "type": f"{type(exc).__module__}.{type(exc).__qualname__}",
+        "message": str(exc)[:2000],
+        "attempts": ctx.attempt,
+        "at": round(time.time(), 3),
+    }
+    run.event("step_failed", step=step.name, iteration=ctx.iteration, attempt=ctx.attempt, error=exc)
+    # The payload is still the last commit's: the failed attempt's changes
+    # never reach storage.
+    yield from run.write(run.header.evolve(status="failed", error=error), step.name)
+    tries = "attempt" if ctx.attempt == 1 else f"all {ctx.attempt} attempts"
+    raise StepFailed(
+        f"run {run.name}: step {step.name!r} (iteration {ctx.iteration}) failed on "
+        f"{tries}: {type(exc).__name__}: {exc}. The run is saved before this step; "
+        "fix the cause and run it again to resume here.",
+        run=run.name,
+        step=step.name,
+        attempts=ctx.attempt,
+    ) from exc
+
+
+def _until(run: _Run, step: str | None) -> bool:
+    until = run.plan.until
+    assert until is not None
+    try:
+        return bool(until(run.state))
+    except Exception as exc:
+        where = f" after step {step!r}" if step else " before the first pass"
+        raise DurableStepsError(
+            f"run {run.name}: until() raised{where}: {type(exc).__name__}: {exc}. The "
+            "step was not committed and will run again; fix until() and run it again.",
+            run=run.name,
+            step=step,
+        ) from exc
+
+
+def _commit(
+    run: _Run, step: Step[..., Any], ctx: Context, attempts: int, seconds: float
+) -> Protocol[None]:
+    """Write the checkpoint that says ``step`` happened."""
+    header = run.header
+    last = header.next_step + 1 == len(run.plan.steps)
+    done = ctx._finish or (  # noqa: SLF001
+        last and (run.plan.until is None or _until(run, step.name))
+    )
+    run.payload = run.encode_state(step.name)
+    # A finished run's cursor points just past its last committed step; an
+    # unfinished pass moves to its next step; a finished pass to the next pass.
+    if last and not done:
+        iteration, next_step = header.iteration + 1, 0
+    else:
+        iteration, next_step = header.iteration, header.next_step + 1
+    committed = header.with_commit(
+        step.name, attempts, seconds, iteration=iteration, next_step=next_step, completed=done
+    )
+    yield from run.write(committed, step.name)
+    logger.info(
+        "run %s: committed step %r (iteration %d, attempt %d) in %.3fs",
+        run.name, step.name, ctx.iteration, attempts, seconds,
+    )
+    run.event("step_committed", step=step.name, iteration=ctx.iteration, attempt=attempts,
+              duration=seconds, idempotency_key=ctx.idempotency_key)
+
+
+def _finish(run: _Run) -> Protocol[Any]:
+    if run.plan.on_complete == "delete":
+        yield Delete(run.key)
+    logger.info("run %s completed", run.name)
+    run.event("run_completed")
+    return run.state
+
+
+def resolve(store: Store, workflow: str, run_id: str, *, fired: bool) -> None:
+    """Record what happened to a run's in-doubt step (see ``Workflow.resolve``)."""
+    name = f"{workflow}/{run_id}"
+    key = ckpt.checkpoint_key(workflow, run_id)
+    found = store.get(key)
+    if found is None:
+        raise DurableStepsError(f"run {name} does not exist (no checkpoint at {key!r})", run=name)
+    header, payload = ckpt.decode(found[0], where=f"run {name}: checkpoint {key!r}")
+    if header.intent is None:
+        raise DurableStepsError(
+            f"run {name} has no step in doubt (status {header.status}); nothing to resolve",
+            run=name,
+        )
+    intent = {**header.intent, "resolution": "fired" if fired else "not_fired"}
+    try:
+        store.put(key, ckpt.encode(header.evolve(intent=intent, status="running"), payload),
+                  match=found[1])
+    except CheckpointConflict as exc:
+        raise CheckpointConflict(
+            f"run {name} changed while it was being resolved (is it running?); "
+            "check its status and resolve again",
+            run=name,
+            step=header.intent.get("step"),
+        ) from exc

@@ -1,0 +1,169 @@
+"""Workflow: an ordered list of steps, the loop around them, and where runs live."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, Any, Literal, ParamSpec, TypeVar, overload
+
+from . import _runner
+from ._checkpoint import validate_name
+from ._events import Subscriber
+from ._step import InDoubt, Retry, Step
+from .errors import DefinitionError
+from .serializers import Serializer, resolve_serializer
+from .stores import open_store
+
+if TYPE_CHECKING:
+    from .stores import Store
+
+__all__ = ["Workflow"]
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+class Workflow:
+    """Steps that run in order, checkpointed after each one.
+
+    ``until(state) -> bool`` makes the steps one *pass* of a loop: passes
+    repeat while it is false (checked before each pass). Without ``until``
+    the steps run once.
+
+    ``store`` is where runs are checkpointed (a URL, a path or a store
+    object; see :mod:`durable_steps.stores`). ``serializer`` is ``"json"``
+    (default) or ``"pickle"``; pickles are signed with ``signing_key`` (or
+    ``$DURABLE_STEPS_SIGNING_KEY``) when one is given. ``on_complete="mark"``
+    keeps a finished run's checkpoint as a terminal marker holding the final
+    state; ``"delete"`` removes it, so a rerun starts over. ``on_event``
+    subscribers receive an :class:`~durable_steps.Event` for everything that
+    happens in a run.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        *,
+        steps: Iterable[Step[..., Any] | Callable[..., Any]] | None = None,
+        store: str | os.PathLike[str] | Store | None = None,
+        serializer: str | Serializer = "json",
+        until: Callable[[Any], bool] | None = None,
+        on_complete: Literal["mark", "delete"] = "mark",
+        signing_key: bytes | str | None = None,
+        on_event: Sequence[Subscriber] = (),
+    ) -> None:
+        self.name = validate_name(name, "workflow name")
+        if until is not None and not callable(until):
+            raise DefinitionError(f"workflow {name!r}: until must be callable, not {until!r}")
+        if on_complete not in ("mark", "delete"):
+            raise DefinitionError(
+                f"workflow {name!r}: on_complete must be 'mark' or 'delete', not {on_complete!r}"
+            )
+        self.until = until
+        self.on_complete = on_complete
+        self.serializer = resolve_serializer(serializer, signing_key)
+        self.store = open_store(store)
+        self.on_event = tuple(on_event)
+        self._steps: list[Step[..., Any]] = []
+        for s in steps or ():
+            self._add(s if isinstance(s, Step) else Step(s))
+
+    @property
+    def steps(self) -> tuple[Step[..., Any], ...]:
+        """The steps, in the order they run."""
+        return tuple(self._steps)
+
+    def _add(self, new: Step[..., Any]) -> None:
+        if any(s.name == new.name for s in self._steps):
+            raise DefinitionError(
+                f"workflow {self.name!r} already has a step named {new.name!r}; step names "
+                "identify steps in checkpoints, so give this one another name= "
+            )
+        self._steps.append(new)
+
+    @overload
+    def step(
+        self,
+        fn: Callable[P, R],
+        *,
+        idempotent: bool = ...,
+        name: str | None = ...,
+        retry: Retry | None = ...,
+        in_doubt: InDoubt | None = ...,
+        reconcile: Callable[..., Any] | None = ...,
+    ) -> Step[P, R]: ...
+
+    @overload
+    def step(
+        self,
+        fn: None = None,
+        *,
+        idempotent: bool = ...,
+        name: str | None = ...,
+        retry: Retry | None = ...,
+        in_doubt: InDoubt | None = ...,
+        reconcile: Callable[..., Any] | None = ...,
+    ) -> Callable[[Callable[P, R]], Step[P, R]]: ...
+
+    def step(
+        self,
+        fn: Callable[P, R] | None = None,
+        *,
+        idempotent: bool = True,
+        name: str | None = None,
+        retry: Retry | None = None,
+        in_doubt: InDoubt | None = None,
+        reconcile: Callable[..., Any] | None = None,
+    ) -> Step[P, R] | Callable[[Callable[P, R]], Step[P, R]]:
+        """Make a step (options as :func:`durable_steps.step`) and append it."""
+
+        def make(f: Callable[P, R]) -> Step[P, R]:
+            new = Step(f, idempotent=idempotent, name=name, retry=retry,
+                       in_doubt=in_doubt, reconcile=reconcile)
+            self._add(new)
+            return new
+
+        return make if fn is None else make(fn)
+
+    def _plan(self, run_id: str, *, asynchronous: bool) -> _runner.Plan:
+        validate_name(run_id, "run id")
+        if not self._steps:
+            raise DefinitionError(f"workflow {self.name!r} has no steps; add some with @wf.step()")
+        if not asynchronous:
+            for s in self._steps:
+                if s.is_async:
+                    raise DefinitionError(
+                        f"step {s.name!r} of workflow {self.name!r} is async: "
+                        "run the workflow with `await wf.arun(...)`"
+                    )
+        return _runner.Plan(self.name, self.steps, self.serializer, self.until,
+                            self.on_complete, self.on_event)
+
+    def run(self, run_id: str, state: Any = None) -> Any:
+        """Run ``run_id`` to completion and return its final state.
+
+        A new run starts from ``state`` (``{}`` when ``None``); an unfinished
+        run resumes from its checkpoint (``state`` is then ignored); a
+        completed run returns its final state and runs nothing.
+        """
+        plan = self._plan(run_id, asynchronous=False)
+        return _runner.drive_sync(_runner.execute(plan, run_id, state), self.store)
+
+    async def arun(self, run_id: str, state: Any = None) -> Any:
+        """:meth:`run` under asyncio: ``async def`` steps are awaited, sync
+        steps run on the event loop, store calls run in a worker thread."""
+        plan = self._plan(run_id, asynchronous=True)
+        return await _runner.drive_async(_runner.execute(plan, run_id, state), self.store)
+
+    def resolve(self, run_id: str, *, fired: bool) -> None:
+        """Tell an in-doubt run whether its pending step's effect happened.
+
+        ``fired=True``: the next run counts the step as done (without
+        calling it) and goes on. ``fired=False``: the next run fires it again
+        with the same idempotency key. The run itself is not started here.
+        """
+        _runner.resolve(self.store, self.name, validate_name(run_id, "run id"), fired=fired)
+
+    def __repr__(self) -> str:
+        names = ", ".join(s.name for s in self._steps)
+        return f"<Workflow {self.name!r} [{names}] store={self.store!r}>"

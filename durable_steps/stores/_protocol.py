@@ -1,0 +1,72 @@
+"""The storage primitive: bytes in, bytes out, three kinds of write.
+
+A checkpoint store needs exactly what object stores with conditional writes
+offer, and nothing more:
+
+* ``get(key)`` returns the bytes and an opaque *version* (S3: the ETag), or
+  ``None`` when the key does not exist.
+* ``put(key, data, match=None)`` creates the key only if it does not exist
+  (S3 ``If-None-Match: *``).
+* ``put(key, data, match=version)`` replaces the key only if its current
+  version is ``version`` (S3 ``If-Match: <ETag>``).
+
+Both writes return the new version, so the caller never has to read an
+object back to learn it. A refused precondition raises
+:class:`~durable_steps.CheckpointConflict`; every other failure raises
+:class:`~durable_steps.StoreError`. There is no unconditional overwrite: every
+checkpoint write of durable_steps is create-only or compare-and-swap, which is
+what keeps a run single-writer.
+
+Stores are synchronous; the async runner calls them through
+``asyncio.to_thread``. Implementations must be safe to call from several
+threads.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+__all__ = ["ObjectInfo", "Store"]
+
+
+@dataclass(frozen=True)
+class ObjectInfo:
+    """One object found by :meth:`Store.list`."""
+
+    key: str
+    version: str
+    size: int
+    modified: float
+    """Last modification, seconds since the epoch."""
+
+
+@runtime_checkable
+class Store(Protocol):
+    """What a checkpoint store implements. See the module docstring."""
+
+    def get(self, key: str) -> tuple[bytes, str] | None:
+        """Return ``(data, version)``, or ``None`` if ``key`` does not exist."""
+        ...
+
+    def put(self, key: str, data: bytes, *, match: str | None = None) -> str:
+        """Write ``data``; create-only when ``match`` is ``None``, else
+        compare-and-swap against ``match``. Return the new version.
+
+        Raises :class:`~durable_steps.CheckpointConflict` when the condition
+        does not hold.
+        """
+        ...
+
+    def delete(self, key: str) -> None:
+        """Remove ``key``; removing a missing key is not an error."""
+        ...
+
+    def list(self, prefix: str) -> Iterator[ObjectInfo]:
+        """Yield every object whose key starts with ``prefix``."""
+        ...
+
+    def close(self) -> None:
+        """Release connections and handles. The store is unusable after."""
+        ...
