@@ -69,7 +69,7 @@ __all__ = [
 def __getattr__(name: str) -> Any:
     # boto3 takes a while to import; load it only when S3 is used.
     if name == "S3Store":
-        from .stores.s3 import S3Store  # noqa: PLC0415
+        from .stores.s3 import S3Store
 
         return S3Store
     raise AttributeError(f"module 'durable_steps' has no attribute {name!r}")

@@ -1,4 +1,4 @@
-"""The checkpoint record: what one stored object of a run holds.
+r"""The checkpoint record: what one stored object of a run holds.
 
 Layout (format 1) — one object per run, at ``<workflow>/<run_id>/checkpoint``::
 
@@ -165,7 +165,8 @@ class Checkpoint:
         completed: bool,
     ) -> Checkpoint:
         """The header after committing ``step``: cursor moved, intent and
-        error cleared, the commit appended to the bounded history."""
+        error cleared, the commit appended to the bounded history.
+        """
         now = time.time()
         entry = (step, self.iteration, attempts, round(seconds, 6), round(now, 3))
         return replace(

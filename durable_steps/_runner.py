@@ -104,7 +104,7 @@ Protocol = Generator[Effect, Any, T]
 def _no_sleep_in_tests() -> bool:
     # ds.testing.no_wait() flips this; read at each sleep so it can be
     # switched on after workflows are defined.
-    from . import testing  # noqa: PLC0415 - avoids an import cycle
+    from . import testing
 
     return testing.sleeps_disabled()
 
@@ -130,13 +130,14 @@ def drive_sync(protocol: Protocol[T], store: Store) -> T:
                 send = effect.fn(*effect.args)
             elif not _no_sleep_in_tests():
                 time.sleep(effect.seconds)
-        except BaseException as exc:  # noqa: BLE001 - handed to the protocol, which decides
+        except BaseException as exc:
             error = exc
 
 
 async def drive_async(protocol: Protocol[T], store: Store) -> T:
     """Run ``protocol`` under asyncio: store calls in a worker thread, async
-    steps awaited, sync steps called on the event loop."""
+    steps awaited, sync steps called on the event loop.
+    """
     send: Any = None
     error: BaseException | None = None
     while True:
@@ -149,7 +150,9 @@ async def drive_async(protocol: Protocol[T], store: Store) -> T:
             if isinstance(effect, Get):
                 send = await asyncio.to_thread(store.get, effect.key)
             elif isinstance(effect, Put):
-                send = await asyncio.to_thread(store.put, effect.key, effect.data, match=effect.match)
+                send = await asyncio.to_thread(
+                    store.put, effect.key, effect.data, match=effect.match
+                )
             elif isinstance(effect, Delete):
                 await asyncio.to_thread(store.delete, effect.key)
             elif isinstance(effect, Call):
@@ -158,7 +161,7 @@ async def drive_async(protocol: Protocol[T], store: Store) -> T:
                     send = await send
             elif not _no_sleep_in_tests():
                 await asyncio.sleep(effect.seconds)
-        except BaseException as exc:  # noqa: BLE001 - handed to the protocol, which decides
+        except BaseException as exc:
             error = exc
 
 
@@ -168,7 +171,8 @@ async def drive_async(protocol: Protocol[T], store: Store) -> T:
 @dataclass(frozen=True)
 class Plan:
     """What a run needs from its workflow (kept apart so the runner never
-    reaches back into ``Workflow``)."""
+    reaches back into ``Workflow``).
+    """
 
     workflow: str
     steps: Sequence[Step[..., Any]]
@@ -180,7 +184,8 @@ class Plan:
 
 class _Run:
     """The mutable state of one execution: the committed payload, its
-    version, the header, and the live state object."""
+    version, the header, and the live state object.
+    """
 
     def __init__(self, plan: Plan, run_id: str) -> None:
         self.plan = plan
@@ -243,7 +248,7 @@ def execute(plan: Plan, run_id: str, initial: Any) -> Protocol[Any]:
     if found is None:
         yield from _create(run, initial)
     else:
-        yield from _load(run, *found)
+        _load(run, *found)
         if run.header.status == "completed":
             logger.info("run %s is already complete; nothing to do", run.name)
             if plan.on_complete == "delete":  # a crash came between commit and delete
@@ -273,7 +278,7 @@ def _create(run: _Run, initial: Any) -> Protocol[None]:
     run.event("run_started")
 
 
-def _load(run: _Run, data: bytes, version: str) -> Protocol[None]:
+def _load(run: _Run, data: bytes, version: str) -> None:
     plan = run.plan
     header, payload = ckpt.decode(data, where=f"run {run.name}: checkpoint {run.key!r}")
     if (header.workflow, header.run_id) != (plan.workflow, run.run_id):
@@ -297,11 +302,12 @@ def _load(run: _Run, data: bytes, version: str) -> Protocol[None]:
         step = plan.steps[header.next_step].name
         logger.info(
             "run %s resumed at step %r (iteration %d) after %d committed steps",
-            run.name, step, header.iteration, header.committed,
+            run.name,
+            step,
+            header.iteration,
+            header.committed,
         )
         run.event("run_resumed", step=step, iteration=header.iteration)
-    return
-    yield  # pragma: no cover - makes this a generator
 
 
 def _check_steps(name: str, stored: tuple[str, ...], current: tuple[str, ...]) -> None:
@@ -326,7 +332,8 @@ def _check_steps(name: str, stored: tuple[str, ...], current: tuple[str, ...]) -
 
 def _advance(run: _Run, step: Step[..., Any], index: int) -> Protocol[None]:
     """Run one step and commit it: everything between a step's start and its
-    checkpoint happens here."""
+    checkpoint happens here.
+    """
     header = run.header
     key = ckpt.idempotency_key(header.run_nonce, header.iteration, index, step.name)
     intent = header.intent
@@ -344,8 +351,13 @@ def _advance(run: _Run, step: Step[..., Any], index: int) -> Protocol[None]:
             yield from _commit(run, step, ctx, attempts=0, seconds=0.0)
             return
     elif not step.idempotent:
-        intent = {"step": step.name, "index": index, "iteration": header.iteration,
-                  "key": key, "at": round(time.time(), 3)}
+        intent = {
+            "step": step.name,
+            "index": index,
+            "iteration": header.iteration,
+            "key": key,
+            "at": round(time.time(), 3),
+        }
         yield from run.write(header.evolve(intent=intent), step.name)
 
     started = time.monotonic()
@@ -357,8 +369,12 @@ def _settle_doubt(
     run: _Run, step: Step[..., Any], ctx: Context, intent: dict[str, Any]
 ) -> Protocol[bool]:
     """Decide an intent found without a commit. True: the effect happened."""
-    run.event("step_in_doubt", step=step.name, iteration=ctx.iteration,
-              idempotency_key=ctx.idempotency_key)
+    run.event(
+        "step_in_doubt",
+        step=step.name,
+        iteration=ctx.iteration,
+        idempotency_key=ctx.idempotency_key,
+    )
     resolution = intent.get("resolution")
     if resolution is not None:
         logger.info("run %s: step %r was resolved as %s", run.name, step.name, resolution)
@@ -367,7 +383,10 @@ def _settle_doubt(
         happened = yield Call(step.reconcile, (run.state, ctx))
         logger.warning(
             "run %s: step %r may have fired (key %s); reconcile says %s",
-            run.name, step.name, ctx.idempotency_key, "it did" if happened else "it did not",
+            run.name,
+            step.name,
+            ctx.idempotency_key,
+            "it did" if happened else "it did not",
         )
         if not happened:
             run.state = run.decode_state(run.payload)  # drop what reconcile changed
@@ -387,7 +406,10 @@ def _settle_doubt(
         )
     logger.warning(
         "run %s: step %r may have fired before the last crash; firing it again with "
-        "the same idempotency key %s", run.name, step.name, ctx.idempotency_key,
+        "the same idempotency key %s",
+        run.name,
+        step.name,
+        ctx.idempotency_key,
     )
     return False
 
@@ -399,25 +421,42 @@ def _fire(run: _Run, step: Step[..., Any], ctx: Context) -> Protocol[int]:
     afresh, so changes a failed attempt made in place are gone. Returns the
     number of attempts made.
     """
-    policy = step.retry._policy() if step.retry else None  # noqa: SLF001
+    policy = step.retry._policy() if step.retry else None
     tries = tenacity.RetryCallState(policy, None, (), {}) if policy else None
     while True:
-        run.event("step_started", step=step.name, iteration=ctx.iteration, attempt=ctx.attempt,
-                  idempotency_key=ctx.idempotency_key)
+        run.event(
+            "step_started",
+            step=step.name,
+            iteration=ctx.iteration,
+            attempt=ctx.attempt,
+            idempotency_key=ctx.idempotency_key,
+        )
         args = (run.state, ctx) if step.takes_context else (run.state,)
         try:
             result = yield Call(step.fn, args)
-        except Exception as exc:  # noqa: BLE001 - the retry policy decides what to do
+        except Exception as exc:
             wait = _next_wait(policy, tries, exc)
             if wait is None:
                 yield from _give_up(run, step, ctx, exc)
-            assert tries is not None and wait is not None
+            assert tries is not None
+            assert wait is not None
             logger.warning(
                 "run %s: step %r attempt %d failed (%s: %s); retrying in %.2fs",
-                run.name, step.name, ctx.attempt, type(exc).__name__, exc, wait,
+                run.name,
+                step.name,
+                ctx.attempt,
+                type(exc).__name__,
+                exc,
+                wait,
             )
-            run.event("step_retrying", step=step.name, iteration=ctx.iteration,
-                      attempt=ctx.attempt, duration=wait, error=exc)
+            run.event(
+                "step_retrying",
+                step=step.name,
+                iteration=ctx.iteration,
+                attempt=ctx.attempt,
+                duration=wait,
+                error=exc,
+            )
             yield Sleep(wait)
             tries.prepare_for_next_attempt()
             ctx.attempt += 1
@@ -432,13 +471,14 @@ def _next_wait(
     policy: tenacity.Retrying | None, tries: tenacity.RetryCallState | None, exc: Exception
 ) -> float | None:
     """Ask tenacity what follows a failed attempt: seconds to wait, or None
-    to give up (attempts used up, or an exception not retried)."""
+    to give up (attempts used up, or an exception not retried).
+    """
     if policy is None or tries is None:
         return None
     tries.set_exception((type(exc), exc, exc.__traceback__))
     try:
         action = policy.iter(tries)
-    except Exception:  # noqa: BLE001 - tenacity re-raises the step's error to stop
+    except Exception:
         return None
     return float(action) if isinstance(action, tenacity.DoSleep) else None
 
@@ -453,7 +493,9 @@ def _give_up(run: _Run, step: Step[..., Any], ctx: Context, exc: Exception) -> P
         "attempts": ctx.attempt,
         "at": round(time.time(), 3),
     }
-    run.event("step_failed", step=step.name, iteration=ctx.iteration, attempt=ctx.attempt, error=exc)
+    run.event(
+        "step_failed", step=step.name, iteration=ctx.iteration, attempt=ctx.attempt, error=exc
+    )
     # The payload is still the last commit's: the failed attempt's changes
     # never reach storage.
     yield from run.write(run.header.evolve(status="failed", error=error), step.name)
@@ -489,9 +531,7 @@ def _commit(
     """Write the checkpoint that says ``step`` happened."""
     header = run.header
     last = header.next_step + 1 == len(run.plan.steps)
-    done = ctx._finish or (  # noqa: SLF001
-        last and (run.plan.until is None or _until(run, step.name))
-    )
+    done = ctx._finish or (last and (run.plan.until is None or _until(run, step.name)))
     run.payload = run.encode_state(step.name)
     # A finished run's cursor points just past its last committed step; an
     # unfinished pass moves to its next step; a finished pass to the next pass.
@@ -505,10 +545,20 @@ def _commit(
     yield from run.write(committed, step.name)
     logger.info(
         "run %s: committed step %r (iteration %d, attempt %d) in %.3fs",
-        run.name, step.name, ctx.iteration, attempts, seconds,
+        run.name,
+        step.name,
+        ctx.iteration,
+        attempts,
+        seconds,
     )
-    run.event("step_committed", step=step.name, iteration=ctx.iteration, attempt=attempts,
-              duration=seconds, idempotency_key=ctx.idempotency_key)
+    run.event(
+        "step_committed",
+        step=step.name,
+        iteration=ctx.iteration,
+        attempt=attempts,
+        duration=seconds,
+        idempotency_key=ctx.idempotency_key,
+    )
 
 
 def _finish(run: _Run) -> Protocol[Any]:
@@ -534,8 +584,11 @@ def resolve(store: Store, workflow: str, run_id: str, *, fired: bool) -> None:
         )
     intent = {**header.intent, "resolution": "fired" if fired else "not_fired"}
     try:
-        store.put(key, ckpt.encode(header.evolve(intent=intent, status="running"), payload),
-                  match=found[1])
+        store.put(
+            key,
+            ckpt.encode(header.evolve(intent=intent, status="running"), payload),
+            match=found[1],
+        )
     except CheckpointConflict as exc:
         raise CheckpointConflict(
             f"run {name} changed while it was being resolved (is it running?); "

@@ -40,11 +40,12 @@ class Retry:
 
     def __post_init__(self) -> None:
         if not isinstance(self.attempts, int) or self.attempts < 1:
-            raise DefinitionError(f"Retry(attempts={self.attempts!r}): attempts must be an int >= 1")
+            raise DefinitionError(
+                f"Retry(attempts={self.attempts!r}): attempts must be an int >= 1"
+            )
         if self.wait < 0 or self.max_wait < self.wait:
             raise DefinitionError(
-                f"Retry(wait={self.wait!r}, max_wait={self.max_wait!r}): "
-                "need 0 <= wait <= max_wait"
+                f"Retry(wait={self.wait!r}, max_wait={self.max_wait!r}): need 0 <= wait <= max_wait"
             )
         kinds = self.on if isinstance(self.on, tuple) else (self.on,)
         if not kinds or not all(isinstance(k, type) and issubclass(k, Exception) for k in kinds):
@@ -54,7 +55,8 @@ class Retry:
 
     def _policy(self) -> tenacity.Retrying:
         """The tenacity policy; the runner drives it through ``iter`` so that
-        sleeping stays with the (sync or async) driver."""
+        sleeping stays with the (sync or async) driver.
+        """
         wait: tenacity.wait.wait_base = (
             tenacity.wait_exponential_jitter(initial=self.wait, max=self.max_wait)
             if self.wait > 0
@@ -135,7 +137,9 @@ class Step(Generic[P, R]):
                 "steps; add idempotent=False or remove them"
             )
         if in_doubt not in (None, "refire", "raise"):
-            raise DefinitionError(f"step {label!r}: in_doubt must be 'refire' or 'raise', not {in_doubt!r}")
+            raise DefinitionError(
+                f"step {label!r}: in_doubt must be 'refire' or 'raise', not {in_doubt!r}"
+            )
         if reconcile is not None and in_doubt == "raise":
             raise DefinitionError(
                 f"step {label!r}: reconcile= already decides in-doubt cases; "
@@ -172,9 +176,7 @@ def _count_positional(fn: Callable[..., Any], label: str) -> int:
         params = list(inspect.signature(fn).parameters.values())
     except (TypeError, ValueError):  # builtins without a signature: assume fn(state)
         return 1
-    positional = [
-        p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
-    ]
+    positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
     required = [p for p in positional if p.default is p.empty]
     if any(p.kind == p.VAR_POSITIONAL for p in params):
         return 2

@@ -118,8 +118,14 @@ class Workflow:
         """Make a step (options as :func:`durable_steps.step`) and append it."""
 
         def make(f: Callable[P, R]) -> Step[P, R]:
-            new = Step(f, idempotent=idempotent, name=name, retry=retry,
-                       in_doubt=in_doubt, reconcile=reconcile)
+            new = Step(
+                f,
+                idempotent=idempotent,
+                name=name,
+                retry=retry,
+                in_doubt=in_doubt,
+                reconcile=reconcile,
+            )
             self._add(new)
             return new
 
@@ -136,8 +142,9 @@ class Workflow:
                         f"step {s.name!r} of workflow {self.name!r} is async: "
                         "run the workflow with `await wf.arun(...)`"
                     )
-        return _runner.Plan(self.name, self.steps, self.serializer, self.until,
-                            self.on_complete, self.on_event)
+        return _runner.Plan(
+            self.name, self.steps, self.serializer, self.until, self.on_complete, self.on_event
+        )
 
     def run(self, run_id: str, state: Any = None) -> Any:
         """Run ``run_id`` to completion and return its final state.
@@ -151,7 +158,8 @@ class Workflow:
 
     async def arun(self, run_id: str, state: Any = None) -> Any:
         """:meth:`run` under asyncio: ``async def`` steps are awaited, sync
-        steps run on the event loop, store calls run in a worker thread."""
+        steps run on the event loop, store calls run in a worker thread.
+        """
         plan = self._plan(run_id, asynchronous=True)
         return await _runner.drive_async(_runner.execute(plan, run_id, state), self.store)
 

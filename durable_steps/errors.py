@@ -65,7 +65,9 @@ class DurableStepsError(Exception):
         return self.message
 
 
-def _rebuild(cls: type[DurableStepsError], message: str, fields: dict[str, Any]) -> DurableStepsError:
+def _rebuild(
+    cls: type[DurableStepsError], message: str, fields: dict[str, Any]
+) -> DurableStepsError:
     return cls(message, **fields)
 
 

@@ -177,7 +177,9 @@ def resolve_serializer(
             )
         serializer = known[serializer]()
     elif not isinstance(serializer, Serializer):
-        raise DefinitionError(f"serializer must be 'json', 'pickle' or a Serializer, not {serializer!r}")
+        raise DefinitionError(
+            f"serializer must be 'json', 'pickle' or a Serializer, not {serializer!r}"
+        )
     key = signing_key if signing_key is not None else os.environ.get(SIGNING_KEY_ENV)
     if key and serializer.name == "pickle":
         return SignedSerializer(serializer, key)
@@ -207,7 +209,7 @@ def _pickle_problem(value: Any) -> str | None:
     """Why ``value`` cannot be pickled, judged by pickling it whole."""
     try:
         cloudpickle.dumps(value)
-    except Exception as exc:  # noqa: BLE001 - any pickling failure is the answer
+    except Exception as exc:
         return f"{type(value).__name__} ({exc})"
     return None
 

@@ -53,7 +53,7 @@ def sleeps_disabled() -> bool:
     return _no_wait.is_set()
 
 
-class SimulatedCrash(BaseException):  # noqa: N818 - it is not an error, it is a crash
+class SimulatedCrash(BaseException):
     """Raised by :class:`CrashingStore` in place of the process dying."""
 
 

@@ -28,8 +28,16 @@ from .memory import MemoryStore
 if TYPE_CHECKING:
     from .s3 import S3Store
 
-__all__ = ["DEFAULT_STORE", "STORE_ENV", "LocalStore", "MemoryStore", "ObjectInfo", "S3Store",
-           "Store", "open_store"]
+__all__ = [
+    "DEFAULT_STORE",
+    "STORE_ENV",
+    "LocalStore",
+    "MemoryStore",
+    "ObjectInfo",
+    "S3Store",
+    "Store",
+    "open_store",
+]
 
 STORE_ENV = "DURABLE_STEPS_STORE"
 DEFAULT_STORE = "./.durable_steps"
@@ -50,7 +58,7 @@ def open_store(store: str | os.PathLike[str] | Store | None = None) -> Store:
     if scheme == "s3":
         if not url.netloc:
             raise DefinitionError(f"store URL {store!r} names no bucket: use s3://bucket/prefix")
-        from .s3 import S3Store  # noqa: PLC0415 - boto3 is imported only when S3 is used
+        from .s3 import S3Store
 
         return S3Store(url.netloc, unquote(url.path).strip("/"))
     if scheme == "memory":
@@ -72,7 +80,7 @@ def open_store(store: str | os.PathLike[str] | Store | None = None) -> Store:
 def __getattr__(name: str) -> Any:
     # S3Store is importable from here without importing boto3 up front.
     if name == "S3Store":
-        from .s3 import S3Store  # noqa: PLC0415
+        from .s3 import S3Store
 
         return S3Store
     raise AttributeError(name)

@@ -21,7 +21,6 @@ setups) do not give the single-writer guarantee: use an S3 store there.
 from __future__ import annotations
 
 import contextlib
-import errno
 import fcntl
 import os
 import secrets
@@ -171,4 +170,4 @@ def _stat_or_none(path: Path) -> os.stat_result | None:
     except FileNotFoundError:
         return None
     except NotADirectoryError as exc:
-        raise StoreError(f"{path}: a parent is not a directory ({errno.errorcode[exc.errno]})") from exc
+        raise StoreError(f"{path}: a parent is not a directory") from exc

@@ -39,7 +39,9 @@ class MemoryStore:
             current = self._objects.get(key)
             if (current is not None) if match is None else (current is None or current[1] != match):
                 expected = "no object" if match is None else f"version {match}"
-                raise CheckpointConflict(f"memory://{key}: expected {expected}; another writer changed it")
+                raise CheckpointConflict(
+                    f"memory://{key}: expected {expected}; another writer changed it"
+                )
             version = str(next(self._versions))
             self._objects[key] = (bytes(data), version, time.time())
             return version
