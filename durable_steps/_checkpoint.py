@@ -191,10 +191,11 @@ def encode(header: Checkpoint, payload: bytes) -> bytes:
     return line.encode() + b"\n" + payload
 
 
-def decode(data: bytes, *, where: str) -> tuple[Checkpoint, bytes]:
+def decode(data: bytes, *, where: str, run: str | None = None) -> tuple[Checkpoint, bytes]:
     """Parse stored bytes into ``(header, payload)``.
 
-    ``where`` names the object in error messages. Raises
+    ``where`` names the object in error messages and ``run`` goes into the
+    error's ``run`` field. Raises
     :class:`CorruptCheckpoint` for anything that is not a complete checkpoint
     of a format this version can read.
     """
@@ -206,13 +207,15 @@ def decode(data: bytes, *, where: str) -> tuple[Checkpoint, bytes]:
     if not isinstance(record, dict) or "format" not in record:
         raise CorruptCheckpoint(
             f"{where} is not a durable_steps checkpoint (no valid header line). "
-            "It was left untouched; restore it or delete the run to start over."
+            "It was left untouched; restore it or delete the run to start over.",
+            run=run,
         )
     version = record.pop("format")
     if not isinstance(version, int) or version > FORMAT:
         raise CorruptCheckpoint(
             f"{where} has checkpoint format {version!r}, newer than this durable_steps "
-            f"reads (format {FORMAT}). Upgrade durable_steps to resume it; it was left untouched."
+            f"reads (format {FORMAT}). Upgrade durable_steps to resume it; it was left untouched.",
+            run=run,
         )
     payload = data[newline + 1 :]
     size, crc = record.pop("size", None), record.pop("crc32", None)
@@ -220,7 +223,8 @@ def decode(data: bytes, *, where: str) -> tuple[Checkpoint, bytes]:
         raise CorruptCheckpoint(
             f"{where} is truncated or damaged: its header promises {size} bytes of state "
             f"(crc32 {crc}), the object holds {len(payload)}. It was left untouched; "
-            "restore it from a backup or delete the run to start over."
+            "restore it from a backup or delete the run to start over.",
+            run=run,
         )
     try:
         header = Checkpoint(
@@ -231,7 +235,11 @@ def decode(data: bytes, *, where: str) -> tuple[Checkpoint, bytes]:
             }
         )
     except (KeyError, TypeError) as exc:
-        raise CorruptCheckpoint(f"{where} has a malformed header ({exc}); left untouched.") from exc
+        raise CorruptCheckpoint(
+            f"{where} has a malformed header ({exc}); left untouched.", run=run
+        ) from exc
     if header.status not in _STATUSES:
-        raise CorruptCheckpoint(f"{where} has an unknown status {header.status!r}; left untouched.")
+        raise CorruptCheckpoint(
+            f"{where} has an unknown status {header.status!r}; left untouched.", run=run
+        )
     return header, payload

@@ -280,11 +280,23 @@ def _create(run: _Run, initial: Any) -> Protocol[None]:
 
 def _load(run: _Run, data: bytes, version: str) -> None:
     plan = run.plan
-    header, payload = ckpt.decode(data, where=f"run {run.name}: checkpoint {run.key!r}")
+    header, payload = ckpt.decode(
+        data, where=f"run {run.name}: checkpoint {run.key!r}", run=run.name
+    )
     if (header.workflow, header.run_id) != (plan.workflow, run.run_id):
         raise CorruptCheckpoint(
             f"run {run.name}: the checkpoint at {run.key!r} belongs to run "
             f"{header.run}; it was left untouched.",
+            run=run.name,
+        )
+    if header.serializer != plan.serializer.name and plan.serializer.name.startswith(
+        f"{header.serializer}+"
+    ):
+        raise CorruptCheckpoint(
+            f"run {run.name}: the checkpoint at {run.key!r} is not signed, but a signing "
+            "key is set, so it is refused unread (it could have been written by anyone "
+            "who can write the store). Resume it without the key only if you trust "
+            "every writer of the store.",
             run=run.name,
         )
     if header.serializer != plan.serializer.name:
@@ -341,16 +353,18 @@ def _advance(run: _Run, step: Step[..., Any], index: int) -> Protocol[None]:
         intent and intent.get("index") == index and intent.get("iteration") == header.iteration
     )
     if in_doubt:
-        assert intent is not None
-        key = intent["key"]  # the persisted key wins over a re-derived one
+        key = intent["key"]  # type: ignore[index]  # the persisted key wins over a re-derived one
     ctx = Context(run.run_id, run.plan.workflow, step.name, header.iteration, 1, key, in_doubt)
 
     if in_doubt:
-        already_done = yield from _settle_doubt(run, step, ctx, intent or {})
+        assert intent is not None
+        already_done = yield from _settle_doubt(run, step, ctx, intent)
         if already_done:
             yield from _commit(run, step, ctx, attempts=0, seconds=0.0)
             return
-    elif not step.idempotent:
+    if not step.idempotent and (not in_doubt or "resolution" in (intent or {})):
+        # A person's resolution answers one crash only: re-fire under a fresh
+        # intent (same key), so a crash during the re-fire asks them again.
         intent = {
             "step": step.name,
             "index": index,
@@ -358,7 +372,7 @@ def _advance(run: _Run, step: Step[..., Any], index: int) -> Protocol[None]:
             "key": key,
             "at": round(time.time(), 3),
         }
-        yield from run.write(header.evolve(intent=intent), step.name)
+        yield from run.write(header.evolve(intent=intent, status="running"), step.name)
 
     started = time.monotonic()
     attempts = yield from _fire(run, step, ctx)
@@ -422,7 +436,10 @@ def _fire(run: _Run, step: Step[..., Any], ctx: Context) -> Protocol[int]:
     number of attempts made.
     """
     policy = step.retry._policy() if step.retry else None
-    tries = tenacity.RetryCallState(policy, None, (), {}) if policy else None
+    tries = None
+    if policy is not None:
+        policy.begin()  # tenacity's per-call statistics, which iter() updates
+        tries = tenacity.RetryCallState(policy, None, (), {})
     while True:
         run.event(
             "step_started",
@@ -478,8 +495,10 @@ def _next_wait(
     tries.set_exception((type(exc), exc, exc.__traceback__))
     try:
         action = policy.iter(tries)
-    except Exception:
-        return None
+    except Exception as stop:
+        if stop is exc:  # tenacity re-raises the step's own error to say "stop"
+            return None
+        raise
     return float(action) if isinstance(action, tenacity.DoSleep) else None
 
 
@@ -576,7 +595,7 @@ def resolve(store: Store, workflow: str, run_id: str, *, fired: bool) -> None:
     found = store.get(key)
     if found is None:
         raise DurableStepsError(f"run {name} does not exist (no checkpoint at {key!r})", run=name)
-    header, payload = ckpt.decode(found[0], where=f"run {name}: checkpoint {key!r}")
+    header, payload = ckpt.decode(found[0], where=f"run {name}: checkpoint {key!r}", run=name)
     if header.intent is None:
         raise DurableStepsError(
             f"run {name} has no step in doubt (status {header.status}); nothing to resolve",

@@ -1,0 +1,104 @@
+"""Fixtures shared by the suite: every store kind, including real S3 servers.
+
+``store`` runs a test once per store: memory, local, and a fresh bucket on each
+real S3-compatible server (SeaweedFS and moto, started once per session on
+loopback by :mod:`tests.s3servers`). ``store_target`` gives the same stores as
+a URL plus the environment a child process needs to open it, for tests that
+crash a subprocess.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+import durable_steps as ds
+from tests.s3servers import S3Server, start_moto, start_seaweedfs
+
+S3_KINDS = ["seaweedfs", "moto"]
+STORE_KINDS = ["memory", "local", *S3_KINDS]
+PERSISTENT_KINDS = ["local", *S3_KINDS]  # those a second process can open
+
+
+def _kind_params(kinds: list[str]) -> list[object]:
+    return [pytest.param(k, marks=pytest.mark.s3) if k in S3_KINDS else k for k in kinds]
+
+
+@pytest.fixture(scope="session")
+def seaweedfs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
+    server = start_seaweedfs(tmp_path_factory.mktemp("seaweedfs"))
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def moto(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
+    server = start_moto(tmp_path_factory.mktemp("moto"))
+    yield server
+    server.stop()
+
+
+@dataclass
+class StoreTarget:
+    """A store as a child process would open it: a URL and environment."""
+
+    kind: str
+    url: str
+    env: dict[str, str] = field(default_factory=dict)
+    server: S3Server | None = None
+
+    def open(self) -> ds.Store:
+        """Open the store in this process (same configuration as the child)."""
+        if self.server is None:
+            return ds.open_store(self.url)
+        bucket, _, prefix = self.url.removeprefix("s3://").partition("/")
+        return ds.S3Store(bucket, prefix, client=self.server.client())
+
+    def child_env(self) -> dict[str, str]:
+        """``os.environ`` plus what the child needs for this store."""
+        if self.server is not None:
+            return self.server.child_env(dict(os.environ))
+        return {**os.environ, **self.env}
+
+
+def _target(kind: str, request: pytest.FixtureRequest, tmp_path: Path) -> StoreTarget:
+    if kind == "memory":
+        return StoreTarget(kind, "memory://")
+    if kind == "local":
+        return StoreTarget(kind, str(tmp_path / "store"))
+    server: S3Server = request.getfixturevalue(kind)
+    bucket = server.make_bucket()
+    return StoreTarget(kind, f"s3://{bucket}/ckpt", server.env(), server)
+
+
+@pytest.fixture(params=_kind_params(STORE_KINDS))
+def store_target(request: pytest.FixtureRequest, tmp_path: Path) -> StoreTarget:
+    """Every kind of store, as a target (URL + environment)."""
+    return _target(request.param, request, tmp_path)
+
+
+@pytest.fixture(params=_kind_params(PERSISTENT_KINDS))
+def durable_target(request: pytest.FixtureRequest, tmp_path: Path) -> StoreTarget:
+    """The stores a second process can open: local and each real S3 server."""
+    return _target(request.param, request, tmp_path)
+
+
+@pytest.fixture
+def store(store_target: StoreTarget) -> Iterator[ds.Store]:
+    """Every kind of store, opened, and closed after the test."""
+    opened = store_target.open()
+    yield opened
+    opened.close()
+
+
+@pytest.fixture(autouse=True)
+def _isolated_default_store(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    # No test may write ./.durable_steps in the checkout or inherit a store or
+    # signing key from the developer's shell.
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("DURABLE_STEPS_STORE", raising=False)
+    monkeypatch.delenv("DURABLE_STEPS_SIGNING_KEY", raising=False)

@@ -1,0 +1,534 @@
+"""The ``durable-steps`` command line, run as a real subprocess against real stores.
+
+Runs in every state are made by real workflows in this process (on
+``target.open()``); the command runs in a child process that opens the same
+store from its URL and environment, exactly as a user's shell would.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import durable_steps as ds
+from durable_steps.testing import CrashingStore, SimulatedCrash
+from tests.conftest import StoreTarget
+
+LOCAL_AND_MOTO = [
+    pytest.param("local", id="local"),
+    pytest.param("moto", id="moto", marks=pytest.mark.s3),
+]
+JUNK = {
+    "pay/done-1/notes.txt": b"not a checkpoint: keep me",
+    "pay/junk/checkpoint": b"hello\nworld",
+    "notes/readme/checkpoint": b'{"format": 1}\n',
+}
+
+
+# -- runs in every state -----------------------------------------------------
+
+
+def noop(state: Any) -> None:
+    """A step that does nothing."""
+
+
+@dataclass
+class Runs:
+    """A store holding one run in each state, plus objects that are not checkpoints."""
+
+    target: StoreTarget
+    store: ds.Store
+    charges: list[str] = field(default_factory=list)
+    doubt_key: str = ""
+
+    def workflow(self, store: ds.Store | None = None, *, name: str = "pay") -> ds.Workflow:
+        """The payment workflow: prepare, charge (in_doubt="raise"), receipt."""
+        wf = ds.Workflow(name, store=store or self.store)
+
+        @wf.step()
+        def prepare(state: dict[str, Any]) -> None:
+            state["amount"] = 42
+
+        @wf.step(idempotent=False, in_doubt="raise")
+        def charge(state: dict[str, Any], ctx: ds.Context) -> None:
+            self.charges.append(ctx.idempotency_key)
+            state["charged"] = ctx.idempotency_key
+
+        @wf.step()
+        def receipt(state: dict[str, Any]) -> None:
+            state["receipt"] = True
+
+        return wf
+
+    def crash(self, run_id: str, after_write: int, *, name: str = "pay") -> None:
+        """Start ``run_id`` and "kill" it right after its ``after_write``-th write."""
+        crashing = CrashingStore(self.store, after_write=after_write)
+        with pytest.raises(SimulatedCrash):
+            self.workflow(crashing, name=name).run(run_id)
+
+    def exists(self, key: str) -> bool:
+        """Whether ``key`` is in the store."""
+        return self.store.get(key) is not None
+
+
+@pytest.fixture
+def runs(durable_target: StoreTarget) -> Iterator[Runs]:
+    """completed pay/done-1, running pay/crash-1, in-doubt pay/doubt-1, failed mail/fail-1."""
+    store = durable_target.open()
+    r = Runs(durable_target, store)
+    r.workflow().run("done-1")
+    r.crash("crash-1", after_write=2)  # after the commit of 'prepare'
+    r.crash("doubt-1", after_write=3)  # after the intent of 'charge': it may have fired
+    with pytest.raises(ds.StepInDoubt) as doubt:
+        r.workflow().run("doubt-1")
+    r.doubt_key = str(doubt.value.key)
+    mail = ds.Workflow("mail", store=store)
+
+    @mail.step()
+    def send(state: dict[str, Any]) -> None:
+        raise ValueError("smtp said no")
+
+    with pytest.raises(ds.StepFailed):
+        mail.run("fail-1")
+    done = store.get("pay/done-1/checkpoint")
+    assert done is not None
+    for key, data in {**JUNK, "pay/copy-1/checkpoint": done[0]}.items():
+        store.put(key, data)
+    r.charges.clear()
+    yield r
+    store.close()
+
+
+def cli(target: StoreTarget, *args: str, env: dict[str, str] | None = None) -> Any:
+    """Run ``python -m durable_steps --store URL ARGS`` in a child process."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "durable_steps", "--store", target.url, *args],
+        env={**target.child_env(), **(env or {})},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert "Traceback" not in proc.stderr, proc.stderr
+    return proc
+
+
+def one_error_line(proc: Any) -> str:
+    """The single ``durable-steps: error:`` line a failing command printed."""
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, proc.stderr
+    assert lines[0].startswith("durable-steps: error: "), lines[0]
+    return str(lines[0])
+
+
+def rows(stdout: str) -> dict[str, list[str]]:
+    """``ls`` output as ``{"workflow/run": columns}`` (header line skipped)."""
+    found = {}
+    for line in stdout.splitlines()[1:]:
+        cells = line.split()
+        found[f"{cells[0]}/{cells[1]}"] = cells[2:]
+    return found
+
+
+# -- ls ----------------------------------------------------------------------
+
+
+def test_ls_lists_runs_in_every_state(runs: Runs) -> None:
+    """ls shows each run's status, next step and iteration; filters narrow it down."""
+    proc = cli(runs.target, "ls")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split()[:7] == ["WORKFLOW", "RUN", "STATUS", "STEP", "ITER", "AGE", "SIZE"]
+    table = rows(proc.stdout)
+    assert table["pay/done-1"][:3] == ["completed", "done", "0"]
+    assert table["pay/crash-1"][:4] == ["running", "charge", "(2/3)", "0"]
+    assert table["pay/doubt-1"][:4] == ["in-doubt", "charge", "(2/3)", "0"]
+    assert table["mail/fail-1"][:4] == ["failed", "send", "(1/1)", "0"]
+    assert table["pay/junk"][0] == table["pay/copy-1"][0] == "corrupt"
+    assert "pay/done-1/notes.txt" not in proc.stdout
+    assert "\x1b[" not in proc.stdout  # a pipe gets no colour
+
+    doubt = cli(runs.target, "ls", "--status", "in-doubt")
+    assert list(rows(doubt.stdout)) == ["pay/doubt-1"]
+    mail = cli(runs.target, "ls", "--workflow", "mail", "--json")
+    [entry] = json.loads(mail.stdout)
+    assert entry["run"] == "mail/fail-1"
+    assert entry["status"] == "failed"
+    assert entry["next_step"] == "send"
+    assert entry["error"]["message"] == "smtp said no"
+
+
+# -- show --------------------------------------------------------------------
+
+
+def test_show_explains_a_failed_run(runs: Runs) -> None:
+    """show names the failed step, the error and its attempts, and what to do next."""
+    proc = cli(runs.target, "show", "mail/fail-1")
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout
+    assert out.startswith("mail/fail-1  failed")
+    assert "next step 'send' (1 of 1), iteration 0" in out
+    assert "builtins.ValueError: smtp said no" in out
+    assert "attempts  1" in out
+    assert "rerun the workflow: it resumes at step 'send'" in out
+
+
+def test_show_in_doubt_run_gives_its_key(runs: Runs) -> None:
+    """show prints the pending intent's idempotency key; --json carries the header."""
+    proc = cli(runs.target, "show", "pay/doubt-1")
+    assert proc.returncode == 0, proc.stderr
+    assert "pending intent" in proc.stdout
+    assert f"idempotency key  {runs.doubt_key}" in proc.stdout
+    assert "resolve pay/doubt-1 --fired" in proc.stdout
+    assert "STEP     ITER  ATTEMPTS  DURATION  COMMITTED" in proc.stdout
+    assert "prepare     0         1" in proc.stdout
+
+    doc = json.loads(cli(runs.target, "show", "pay/doubt-1", "--json", "--state").stdout)
+    assert doc["header"]["status"] == "in_doubt"
+    assert doc["header"]["intent"]["key"] == runs.doubt_key
+    assert doc["header"]["intent"]["step"] == "charge"
+    assert [h[0] for h in doc["header"]["history"]] == ["prepare"]
+    assert doc["state"] == {"amount": 42}
+
+
+@pytest.mark.parametrize("durable_target", ["local"], indirect=True)
+def test_show_state_pretty_json(runs: Runs) -> None:
+    """--state prints a JSON state indented; a completed run shows its whole history."""
+    proc = cli(runs.target, "show", "pay/done-1", "--state")
+    assert proc.returncode == 0, proc.stderr
+    head, _, text = proc.stdout.partition("\nstate\n")
+    state = json.loads(text)
+    assert state["amount"] == 42
+    assert state["receipt"] is True
+    assert state["charged"].startswith("ds-")
+    assert '\n  "amount": 42,' in text
+    assert "finished in iteration 0" in head
+    assert "3 step commits" in head
+    assert "nothing left to do" in head
+
+
+@pytest.mark.parametrize("durable_target", ["local"], indirect=True)
+def test_pickle_state_needs_unsafe_unpickle_and_signing_key(runs: Runs) -> None:
+    """Pickle states are shown only with --unsafe-unpickle; signed ones need their key."""
+    plain = ds.Workflow("pickled", store=runs.store, serializer="pickle", steps=[noop])
+    plain.run("p-1", {"when": {1, 2}})
+    signed = ds.Workflow(
+        "signed", store=runs.store, serializer="pickle", signing_key="k1", steps=[noop]
+    )
+    signed.run("s-1", {"when": (3, 4)})
+
+    refused = cli(runs.target, "show", "pickled/p-1", "--state")
+    assert refused.returncode == 2
+    assert "--unsafe-unpickle" in one_error_line(refused)
+    assert refused.stdout == ""
+    shown = cli(runs.target, "show", "pickled/p-1", "--state", "--unsafe-unpickle")
+    assert shown.returncode == 0, shown.stderr
+    assert "{'when': {1, 2}}" in shown.stdout
+    # An inherited signing key must not make an unsigned pickle unreadable.
+    also = cli(
+        runs.target,
+        "show",
+        "pickled/p-1",
+        "--state",
+        "--unsafe-unpickle",
+        env={"DURABLE_STEPS_SIGNING_KEY": "k1"},
+    )
+    assert also.returncode == 0, also.stderr
+
+    no_key = cli(runs.target, "show", "signed/s-1", "--state", "--unsafe-unpickle")
+    assert no_key.returncode == 2
+    assert "DURABLE_STEPS_SIGNING_KEY" in one_error_line(no_key)
+    wrong = cli(
+        runs.target,
+        "show",
+        "signed/s-1",
+        "--state",
+        "--unsafe-unpickle",
+        env={"DURABLE_STEPS_SIGNING_KEY": "other"},
+    )
+    assert wrong.returncode == 1
+    assert "signature does not verify" in one_error_line(wrong)
+    good = cli(
+        runs.target,
+        "show",
+        "signed/s-1",
+        "--state",
+        "--unsafe-unpickle",
+        env={"DURABLE_STEPS_SIGNING_KEY": "k1"},
+    )
+    assert good.returncode == 0, good.stderr
+    assert "{'when': (3, 4)}" in good.stdout
+    assert cli(runs.target, "show", "signed/s-1").returncode == 0  # header only: no key needed
+
+
+# -- resolve -----------------------------------------------------------------
+
+
+def test_resolve_fired_then_rerun_completes_without_firing(runs: Runs) -> None:
+    """After resolve --fired, rerunning completes the run and never calls the step."""
+    proc = cli(runs.target, "resolve", "pay/doubt-1", "--fired")
+    assert proc.returncode == 0, proc.stderr
+    assert runs.doubt_key in proc.stdout
+    assert "fired" in proc.stdout
+    final = runs.workflow().run("doubt-1")
+    assert runs.charges == []
+    assert final == {"amount": 42, "receipt": True}
+    shown = cli(runs.target, "show", "pay/doubt-1")
+    assert shown.stdout.startswith("pay/doubt-1  completed")
+    assert "not run (resolved)" in shown.stdout
+
+
+@pytest.mark.parametrize("durable_target", LOCAL_AND_MOTO, indirect=True)
+def test_resolve_not_fired_refires_with_the_same_key(runs: Runs) -> None:
+    """After resolve --not-fired, the rerun fires the step once, with the persisted key."""
+    proc = cli(runs.target, "resolve", "pay/doubt-1", "--not-fired")
+    assert proc.returncode == 0, proc.stderr
+    assert runs.workflow().run("doubt-1")["charged"] == runs.doubt_key
+    assert runs.charges == [runs.doubt_key]
+
+
+@pytest.mark.parametrize("durable_target", ["local"], indirect=True)
+def test_resolve_refusals(runs: Runs) -> None:
+    """resolve: 3 for a missing run, 4 with nothing in doubt or a maybe-live run."""
+    missing = cli(runs.target, "resolve", "pay/nope", "--fired")
+    assert missing.returncode == 3
+    assert "not found" in one_error_line(missing)
+    for run in ("pay/done-1", "pay/crash-1", "mail/fail-1"):
+        nothing = cli(runs.target, "resolve", run, "--fired")
+        assert nothing.returncode == 4
+        assert "nothing to resolve" in one_error_line(nothing)
+    # The default in_doubt="refire" policy leaves a crashed run 'running' with its intent.
+    runs.crash("live-1", after_write=3, name="refund")
+    live = cli(runs.target, "resolve", "refund/live-1", "--fired")
+    assert live.returncode == 4
+    assert "--force" in one_error_line(live)
+    forced = cli(runs.target, "resolve", "refund/live-1", "--fired", "--force")
+    assert forced.returncode == 0, forced.stderr
+    assert runs.workflow(name="refund").run("live-1")["receipt"] is True
+    assert runs.charges == []
+    usage = cli(runs.target, "resolve", "pay/doubt-1")
+    assert usage.returncode == 2
+    assert "--fired" in one_error_line(usage)
+
+
+# -- rm and prune ------------------------------------------------------------
+
+
+def test_rm_deletes_only_checkpoints_and_guards_live_runs(runs: Runs) -> None:
+    """rm deletes a finished run's checkpoint only; running/in-doubt runs need --force."""
+    for run, why in (("pay/crash-1", "marked running"), ("pay/doubt-1", "in doubt")):
+        refused = cli(runs.target, "rm", run)
+        assert refused.returncode == 4
+        assert why in one_error_line(refused)
+        assert runs.exists(f"{run}/checkpoint")
+    for junk in ("pay/junk", "pay/copy-1"):
+        refused = cli(runs.target, "rm", junk, "--force")
+        assert refused.returncode == 4
+        assert "not a durable_steps checkpoint" in one_error_line(refused)
+    missing = cli(runs.target, "rm", "pay/nope")
+    assert missing.returncode == 3
+
+    done = cli(runs.target, "rm", "pay/done-1")
+    assert done.returncode == 0, done.stderr
+    assert "deleted pay/done-1 (completed" in done.stdout
+    forced = cli(runs.target, "rm", "pay/crash-1", "--force")
+    assert forced.returncode == 0, forced.stderr
+    assert not runs.exists("pay/done-1/checkpoint")
+    assert not runs.exists("pay/crash-1/checkpoint")
+    assert all(runs.exists(key) for key in [*JUNK, "pay/copy-1/checkpoint"])
+    assert runs.exists("pay/doubt-1/checkpoint")
+    assert runs.exists("mail/fail-1/checkpoint")
+
+
+def test_prune_is_a_dry_run_until_yes_and_deletes_only_old_completed_runs(runs: Runs) -> None:
+    """prune lists without deleting; --yes deletes completed runs past the age, nothing else."""
+    keep = [
+        *JUNK,
+        "pay/copy-1/checkpoint",
+        "pay/crash-1/checkpoint",
+        "pay/doubt-1/checkpoint",
+        "mail/fail-1/checkpoint",
+    ]
+    dry = cli(runs.target, "prune", "--completed", "--older-than", "0s")
+    assert dry.returncode == 0, dry.stderr
+    lines = dry.stdout.splitlines()
+    assert lines[0].startswith("would delete 1 run (")
+    assert lines[1].split() == ["WORKFLOW", "RUN", "STATUS", "AGE", "SIZE"]
+    assert lines[2].split()[:3] == ["pay", "done-1", "completed"]
+    assert lines[3] == "dry run: nothing was deleted; add --yes to delete them"
+    assert len(lines) == 4
+    assert runs.exists("pay/done-1/checkpoint")
+
+    young = cli(runs.target, "prune", "--completed", "--older-than", "2w", "--yes")
+    assert young.returncode == 0, young.stderr
+    assert "nothing to prune" in young.stderr
+    assert runs.exists("pay/done-1/checkpoint")
+
+    pruned = cli(runs.target, "prune", "--completed", "--older-than", "0d", "--yes")
+    assert pruned.returncode == 0, pruned.stderr
+    assert pruned.stdout.splitlines()[0].startswith("deleted pay/done-1 (completed")
+    assert not runs.exists("pay/done-1/checkpoint")
+    assert all(runs.exists(key) for key in keep)
+
+
+@pytest.mark.parametrize("durable_target", ["local"], indirect=True)
+def test_prune_failed_keeps_runs_with_a_pending_intent(runs: Runs) -> None:
+    """prune --failed deletes failed runs, but never one whose step may have fired."""
+    wf = ds.Workflow("ship", store=runs.store)
+
+    @wf.step(idempotent=False)
+    def post(state: dict[str, Any]) -> None:
+        raise TimeoutError("carrier API timed out")
+
+    with pytest.raises(ds.StepFailed):
+        wf.run("ship-1")
+    proc = cli(runs.target, "prune", "--failed", "--older-than", "0s", "--yes")
+    assert proc.returncode == 0, proc.stderr
+    assert "deleted mail/fail-1 (failed" in proc.stdout
+    assert "keeping 1 run(s) with a step in doubt" in proc.stderr
+    assert runs.exists("ship/ship-1/checkpoint")
+    assert runs.exists("pay/done-1/checkpoint")
+
+
+# -- errors, usage, configuration --------------------------------------------
+
+
+@pytest.mark.parametrize("durable_target", ["local"], indirect=True)
+def test_errors_are_one_line_with_meaningful_exit_codes(runs: Runs, tmp_path: Path) -> None:
+    """Bad input exits 2, a missing run 3, an unreadable checkpoint 1: one line each."""
+    cases = [
+        (["show", "no-slash"], 2, "WORKFLOW/RUN_ID"),
+        (["show", "pay/../x"], 2, "invalid run id"),
+        (["prune", "--completed", "--older-than", "7 days"], 2, "invalid duration"),
+        (["prune", "--older-than", "7d"], 2, "--completed and/or --failed"),
+        (["ls", "--status", "sleeping"], 2, "invalid choice"),
+        (["frobnicate"], 2, "invalid choice"),
+        (["show", "pay/nope"], 3, "run pay/nope not found"),
+        (["show", "pay/junk"], 1, "not a durable_steps checkpoint"),
+        (["--store", "ftp://x/y", "ls"], 2, "unknown scheme"),
+    ]
+    for args, code, text in cases:
+        proc = cli(runs.target, *args)
+        assert proc.returncode == code, (args, proc.stderr)
+        assert text in one_error_line(proc), args
+    path = Path(runs.target.url, "pay", "done-1", "checkpoint")
+    path.write_bytes(path.read_bytes()[:-3])  # truncated
+    truncated = cli(runs.target, "show", "pay/done-1")
+    assert truncated.returncode == 1
+    assert "truncated or damaged" in one_error_line(truncated)
+    assert rows(cli(runs.target, "ls").stdout)["pay/done-1"][0] == "corrupt"
+    debug = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "durable_steps",
+            "show",
+            "pay/done-1",
+            "--debug",
+            "--store",
+            runs.target.url,
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+        env=runs.target.child_env(),
+    )
+    assert debug.returncode == 1
+    assert "Traceback" in debug.stderr
+    assert debug.stderr.rstrip().splitlines()[-1].startswith("durable-steps: error: ")
+
+
+@pytest.mark.s3
+def test_s3_store_failure_is_one_line(moto: Any) -> None:
+    """A missing bucket is reported as one error line with exit status 1."""
+    target = StoreTarget("moto", "s3://no-such-bucket-here/x", moto.env(), moto)
+    proc = cli(target, "ls")
+    assert proc.returncode == 1
+    assert "no-such-bucket-here" in one_error_line(proc)
+
+
+def test_store_comes_from_env_then_default(tmp_path: Path) -> None:
+    """Without --store: $DURABLE_STEPS_STORE, else ./.durable_steps in the working directory."""
+    ds.Workflow("env", store=str(tmp_path / "from-env"), steps=[noop]).run("e-1")
+    ds.Workflow("dflt", steps=[noop]).run("d-1")  # cwd is tmp_path (conftest)
+    base = [sys.executable, "-m", "durable_steps", "ls"]
+    env = {**os.environ, "DURABLE_STEPS_STORE": str(tmp_path / "from-env")}
+    from_env = subprocess.run(base, env=env, capture_output=True, text=True, check=False)
+    assert list(rows(from_env.stdout)) == ["env/e-1"]
+    default = subprocess.run(base, cwd=tmp_path, capture_output=True, text=True, check=False)
+    assert list(rows(default.stdout)) == ["dflt/d-1"]
+    elsewhere = subprocess.run(
+        base, cwd=tmp_path / "from-env", capture_output=True, text=True, check=False
+    )
+    assert elsewhere.returncode == 0
+    assert elsewhere.stdout == ""
+    assert "no matching runs in ./.durable_steps" in elsewhere.stderr
+
+
+def test_console_script_help_documents_commands_and_exit_codes() -> None:
+    """The installed console script's --help covers every command and the exit codes."""
+    script = Path(sys.executable).with_name("durable-steps")
+    proc = subprocess.run([str(script), "--help"], capture_output=True, text=True, check=False)
+    assert proc.returncode == 0
+    for text in (
+        "ls",
+        "show",
+        "resolve",
+        "rm",
+        "prune",
+        "--store",
+        "DURABLE_STEPS_STORE",
+        "exit status",
+        "3 run not found",
+        "resolve pay/order-17 --fired",
+        "--status in-doubt",
+        "NO_COLOR",
+    ):
+        assert text in proc.stdout, text
+    for command in ("ls", "show", "resolve", "rm", "prune"):
+        sub = subprocess.run(
+            [str(script), command, "--help"], capture_output=True, text=True, check=False
+        )
+        assert sub.returncode == 0
+        assert "--store URL" in sub.stdout
+
+
+@pytest.mark.parametrize("durable_target", ["local"], indirect=True)
+def test_colour_only_when_asked_and_never_with_no_color(runs: Runs) -> None:
+    """--color always paints statuses; NO_COLOR and pipes get plain text."""
+    painted = cli(runs.target, "ls", "--color", "always")
+    assert "\x1b[31mfailed" in painted.stdout
+    assert "\x1b[33min-doubt" in painted.stdout
+    # Colour never shifts the columns: stripped of escapes, the text is the plain one.
+    plain = cli(runs.target, "ls", "--color", "never").stdout
+    assert _strip_ansi(painted.stdout).split() == plain.split()
+    env = {"NO_COLOR": "1"}
+    assert "\x1b[" not in cli(runs.target, "show", "mail/fail-1", env=env).stdout
+
+
+def _strip_ansi(text: str) -> str:
+    return re.sub(r"\x1b\[[0-9;]*m", "", text)
+
+
+@pytest.mark.parametrize("durable_target", ["local"], indirect=True)
+def test_ls_age_and_size_are_human(runs: Runs) -> None:
+    """Ages read like '3m ago' and sizes like '2.1 KB'."""
+    big = ds.Workflow("big", store=runs.store, steps=[noop])
+    big.run("b-1", {"blob": "x" * 3000})
+    path = Path(runs.target.url, "big", "b-1", "checkpoint")
+    old = time.time() - 3 * 3600
+    os.utime(path, (old, old))  # the header's updated_at decides the age, not the mtime
+    table = rows(cli(runs.target, "ls", "-w", "big").stdout)
+    cells = table["big/b-1"]
+    assert cells[-4:-2] == ["just", "now"]
+    assert re.fullmatch(r"3\.\d", cells[-2])
+    assert cells[-1] == "KB"

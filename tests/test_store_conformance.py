@@ -1,0 +1,187 @@
+"""The store conformance suite: every store must pass every test here.
+
+Run against memory, local, and a real SeaweedFS and moto server (see the
+``store`` fixture in conftest). A new store joins by being added there.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import threading
+from pathlib import Path
+
+import pytest
+
+import durable_steps as ds
+from tests.conftest import StoreTarget
+
+
+def _race_in_child(target_url: str, env: dict[str, str], key: str, barrier_dir: str, n: int) -> str:
+    """Child-process body of the cross-process create race."""
+    import os  # noqa: PLC0415
+    import time  # noqa: PLC0415
+
+    os.environ.update(env)
+    store = ds.open_store(target_url)
+    Path(barrier_dir, str(os.getpid())).touch()
+    while len(os.listdir(barrier_dir)) < n:  # start together
+        time.sleep(0.005)
+    try:
+        store.put(key, f"writer {os.getpid()}".encode())
+    except ds.CheckpointConflict:
+        return "lost"
+    return "won"
+
+
+class TestStoreConformance:
+    """What every Store must do."""
+
+    def test_round_trip(self, store: ds.Store) -> None:
+        """A created object reads back byte for byte, with the version put returned."""
+        data = bytes(range(256)) * 40 + b"\n{json}\n"
+        version = store.put("wf/run/checkpoint", data)
+        assert store.get("wf/run/checkpoint") == (data, version)
+
+    def test_missing_key_is_none(self, store: ds.Store) -> None:
+        """Reading a key that was never written returns None, not an error."""
+        assert store.get("wf/nothing/checkpoint") is None
+
+    def test_empty_object(self, store: ds.Store) -> None:
+        """An empty body is a valid object, distinct from a missing one."""
+        version = store.put("wf/empty/checkpoint", b"")
+        assert store.get("wf/empty/checkpoint") == (b"", version)
+
+    def test_create_only_refuses_existing(self, store: ds.Store) -> None:
+        """A second create-only write is refused and the first object survives."""
+        store.put("wf/r/checkpoint", b"first")
+        with pytest.raises(ds.CheckpointConflict):
+            store.put("wf/r/checkpoint", b"second")
+        assert store.get("wf/r/checkpoint")[0] == b"first"  # type: ignore[index]
+
+    def test_compare_and_swap_advances(self, store: ds.Store) -> None:
+        """A write matching the current version succeeds and returns a new version."""
+        v1 = store.put("wf/r/checkpoint", b"one")
+        v2 = store.put("wf/r/checkpoint", b"two", match=v1)
+        assert v2 != v1
+        assert store.get("wf/r/checkpoint") == (b"two", v2)
+        v3 = store.put("wf/r/checkpoint", b"three", match=v2)
+        assert store.get("wf/r/checkpoint") == (b"three", v3)
+
+    def test_stale_compare_and_swap_refused(self, store: ds.Store) -> None:
+        """A write against an old version is refused and clobbers nothing."""
+        v1 = store.put("wf/r/checkpoint", b"one")
+        store.put("wf/r/checkpoint", b"two", match=v1)
+        with pytest.raises(ds.CheckpointConflict):
+            store.put("wf/r/checkpoint", b"stale", match=v1)
+        assert store.get("wf/r/checkpoint")[0] == b"two"  # type: ignore[index]
+
+    def test_same_bytes_rewritten_still_changes_version(self, store: ds.Store) -> None:
+        """Rewriting identical bytes makes a version the old one cannot match (ABA-safe)."""
+        v1 = store.put("wf/r/checkpoint", b"same")
+        v2 = store.put("wf/r/checkpoint", b"other", match=v1)
+        v3 = store.put("wf/r/checkpoint", b"same", match=v2)
+        with pytest.raises(ds.CheckpointConflict):
+            store.put("wf/r/checkpoint", b"late", match=v2)
+        assert store.get("wf/r/checkpoint") == (b"same", v3)
+
+    def test_compare_and_swap_on_missing_refused(self, store: ds.Store) -> None:
+        """A compare-and-swap on a deleted object is refused, never recreates it."""
+        v1 = store.put("wf/r/checkpoint", b"one")
+        store.delete("wf/r/checkpoint")
+        with pytest.raises(ds.CheckpointConflict):
+            store.put("wf/r/checkpoint", b"zombie", match=v1)
+        assert store.get("wf/r/checkpoint") is None
+
+    def test_delete_then_create_again(self, store: ds.Store) -> None:
+        """After delete, the key is missing and may be created afresh."""
+        store.put("wf/r/checkpoint", b"one")
+        store.delete("wf/r/checkpoint")
+        assert store.get("wf/r/checkpoint") is None
+        version = store.put("wf/r/checkpoint", b"again")
+        assert store.get("wf/r/checkpoint") == (b"again", version)
+
+    def test_delete_missing_is_fine(self, store: ds.Store) -> None:
+        """Deleting a key that does not exist is not an error."""
+        store.delete("wf/never/checkpoint")
+        assert store.get("wf/never/checkpoint") is None
+
+    def test_list_under_prefix(self, store: ds.Store) -> None:
+        """list() yields exactly the keys under the prefix, with sizes and versions."""
+        versions = {
+            k: store.put(k, k.encode())
+            for k in ["a/1/checkpoint", "a/2/checkpoint", "b/1/checkpoint"]
+        }
+        found = {o.key: o for o in store.list("a/")}
+        assert set(found) == {"a/1/checkpoint", "a/2/checkpoint"}
+        for key, info in found.items():
+            assert info.size == len(key)
+            assert info.version == versions[key]
+            assert info.modified > 0
+        assert {o.key for o in store.list("")} == set(versions)
+
+    def test_large_object(self, store: ds.Store) -> None:
+        """A 3 MB object round-trips intact."""
+        data = bytes(range(251)) * (3 * 1024 * 1024 // 251)
+        version = store.put("wf/big/checkpoint", data)
+        assert store.get("wf/big/checkpoint") == (data, version)
+
+    def test_create_race_between_threads(self, store: ds.Store) -> None:
+        """Eight threads create one key at once: exactly one wins."""
+        results: list[str] = []
+        barrier = threading.Barrier(8)
+
+        def attempt(i: int) -> None:
+            barrier.wait()
+            try:
+                store.put("wf/race/checkpoint", f"writer {i}".encode())
+                results.append(f"won {i}")
+            except ds.CheckpointConflict:
+                results.append("lost")
+
+        threads = [threading.Thread(target=attempt, args=(i,)) for i in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        winners = [r for r in results if r.startswith("won")]
+        assert len(winners) == 1, results
+        assert len(results) == 8
+        assert store.get("wf/race/checkpoint")[0] == f"writer {winners[0][4:]}".encode()  # type: ignore[index]
+
+    def test_swap_race_between_threads(self, store: ds.Store) -> None:
+        """Six threads swap from one version at once: exactly one wins."""
+        base = store.put("wf/swap/checkpoint", b"base")
+        results: list[str] = []
+        barrier = threading.Barrier(6)
+
+        def attempt(i: int) -> None:
+            barrier.wait()
+            try:
+                store.put("wf/swap/checkpoint", f"writer {i}".encode(), match=base)
+                results.append("won")
+            except ds.CheckpointConflict:
+                results.append("lost")
+
+        threads = [threading.Thread(target=attempt, args=(i,)) for i in range(6)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert results.count("won") == 1, results
+
+
+def test_create_race_between_processes(durable_target: StoreTarget, tmp_path: Path) -> None:
+    """Four processes create one key at once: exactly one wins, on every durable store."""
+    n = 4
+    barrier_dir = tmp_path / "barrier"
+    barrier_dir.mkdir()
+    env = {k: v for k, v in durable_target.child_env().items() if k.startswith("AWS_")}
+    ctx = multiprocessing.get_context("spawn")
+    with ctx.Pool(n) as pool:
+        results = pool.starmap(
+            _race_in_child,
+            [(durable_target.url, env, "wf/prace/checkpoint", str(barrier_dir), n)] * n,
+        )
+    assert sorted(results) == ["lost"] * (n - 1) + ["won"]
+    store = durable_target.open()
+    assert store.get("wf/prace/checkpoint")[0].startswith(b"writer ")  # type: ignore[index]
