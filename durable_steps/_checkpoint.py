@@ -48,6 +48,11 @@ header says how to read the payload and where the run stands:
     not grow its checkpoint): ``[step, iteration, attempts, seconds, at]``.
 ``committed``
     How many step commits the run has made in all.
+``owner``
+    ``null``, or the process running the run and its lease:
+    ``{"host", "pid", "started", "token", "until"}`` (see ``_lease``). Set by
+    every write of a running run; cleared when the run completes, fails,
+    stops in doubt or is released.
 ``created_at``, ``updated_at``
     Seconds since the epoch.
 ``size``, ``crc32``
@@ -142,6 +147,7 @@ class Checkpoint:
     error: dict[str, Any] | None = None
     history: tuple[tuple[Any, ...], ...] = ()
     committed: int = 0
+    owner: dict[str, Any] | None = None
     created_at: float = field(default_factory=time.time)
     updated_at: float = field(default_factory=time.time)
 

@@ -25,22 +25,24 @@ the same key, reconcile, or stop, per the step's ``in_doubt`` policy).
 
 from __future__ import annotations
 
-import asyncio
-import inspect
+import threading
 import time
-from collections.abc import Callable, Generator, Sequence
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, TypeVar
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any
 
 import tenacity
 
 from . import _checkpoint as ckpt
+from ._drivers import Call, Delete, Get, Protocol, Put, Sleep
 from ._events import Event, EventKind, Subscriber, emit, logger
+from ._lease import Heartbeat, Owner, describe, is_live
 from ._step import Context, Step
 from .errors import (
     CheckpointConflict,
     CorruptCheckpoint,
     DurableStepsError,
+    RunLocked,
     SerializationError,
     StepFailed,
     StepInDoubt,
@@ -51,118 +53,7 @@ if TYPE_CHECKING:
     from .serializers import Serializer
     from .stores import Store
 
-__all__ = ["Plan", "drive_async", "drive_sync", "execute"]
-
-T = TypeVar("T")
-
-
-# --- effects ----------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Get:
-    """Read a key: result ``(bytes, version) | None``."""
-
-    key: str
-
-
-@dataclass(frozen=True)
-class Put:
-    """Conditional write: result the new version."""
-
-    key: str
-    data: bytes
-    match: str | None
-
-
-@dataclass(frozen=True)
-class Delete:
-    """Remove a key."""
-
-    key: str
-
-
-@dataclass(frozen=True)
-class Call:
-    """Call user code (a step, ``reconcile``); awaited when it is async."""
-
-    fn: Callable[..., Any]
-    args: tuple[Any, ...]
-
-
-@dataclass(frozen=True)
-class Sleep:
-    """Wait between retries."""
-
-    seconds: float
-
-
-Effect = Get | Put | Delete | Call | Sleep
-Protocol = Generator[Effect, Any, T]
-
-
-def _no_sleep_in_tests() -> bool:
-    # ds.testing.no_wait() flips this; read at each sleep so it can be
-    # switched on after workflows are defined.
-    from . import testing
-
-    return testing.sleeps_disabled()
-
-
-def drive_sync(protocol: Protocol[T], store: Store) -> T:
-    """Run ``protocol`` to completion in this thread."""
-    send: Any = None
-    error: BaseException | None = None
-    while True:
-        try:
-            effect = protocol.throw(error) if error is not None else protocol.send(send)
-        except StopIteration as done:
-            return done.value  # type: ignore[no-any-return]
-        send, error = None, None
-        try:
-            if isinstance(effect, Get):
-                send = store.get(effect.key)
-            elif isinstance(effect, Put):
-                send = store.put(effect.key, effect.data, match=effect.match)
-            elif isinstance(effect, Delete):
-                store.delete(effect.key)
-            elif isinstance(effect, Call):
-                send = effect.fn(*effect.args)
-            elif not _no_sleep_in_tests():
-                time.sleep(effect.seconds)
-        except BaseException as exc:
-            error = exc
-
-
-async def drive_async(protocol: Protocol[T], store: Store) -> T:
-    """Run ``protocol`` under asyncio: store calls in a worker thread, async
-    steps awaited, sync steps called on the event loop.
-    """
-    send: Any = None
-    error: BaseException | None = None
-    while True:
-        try:
-            effect = protocol.throw(error) if error is not None else protocol.send(send)
-        except StopIteration as done:
-            return done.value  # type: ignore[no-any-return]
-        send, error = None, None
-        try:
-            if isinstance(effect, Get):
-                send = await asyncio.to_thread(store.get, effect.key)
-            elif isinstance(effect, Put):
-                send = await asyncio.to_thread(
-                    store.put, effect.key, effect.data, match=effect.match
-                )
-            elif isinstance(effect, Delete):
-                await asyncio.to_thread(store.delete, effect.key)
-            elif isinstance(effect, Call):
-                send = effect.fn(*effect.args)
-                if inspect.isawaitable(send):
-                    send = await send
-            elif not _no_sleep_in_tests():
-                await asyncio.sleep(effect.seconds)
-        except BaseException as exc:
-            error = exc
+__all__ = ["Plan", "Released", "execute", "resolve"]
 
 
 # --- the protocol -------------------------------------------------------------
@@ -180,6 +71,17 @@ class Plan:
     until: Callable[[Any], bool] | None
     on_complete: str
     subscribers: Sequence[Subscriber]
+    store: Store
+    lease: float
+    takeover: bool = False
+    stop: threading.Event | None = None
+    """Set by a worker to stop the run after its current step (see Released)."""
+
+
+class Released(Exception):
+    """The run stopped after a commit because ``Plan.stop`` was set, and its
+    lease was released so another process can resume it at once.
+    """
 
 
 class _Run:
@@ -196,6 +98,7 @@ class _Run:
         self.header: ckpt.Checkpoint
         self.payload: bytes = b""
         self.state: Any = None
+        self.owner = Owner(plan.lease)
 
     def event(self, kind: EventKind, **fields: Any) -> None:
         if self.plan.subscribers:
@@ -224,41 +127,72 @@ class _Run:
                 run=self.name,
             ) from exc
 
-    def write(self, header: ckpt.Checkpoint, step: str | None) -> Protocol[None]:
+    def stamp(self, header: ckpt.Checkpoint, *, release: bool = False) -> ckpt.Checkpoint:
+        """``header`` with this process as owner (lease renewed), or with no
+        owner once the run is over, stopped, or released.
+        """
+        keep = header.status == "running" and not release
+        return replace(header, owner=self.owner.record() if keep else None)
+
+    def write(
+        self, header: ckpt.Checkpoint, step: str | None, *, release: bool = False
+    ) -> Protocol[None]:
         """Conditionally write ``header`` + the current payload."""
+        header = self.stamp(header, release=release)
         data = ckpt.encode(header, self.payload)
         try:
             self.version = yield Put(self.key, data, self.version)
         except CheckpointConflict as exc:
-            at = f" at step {step!r}" if step else ""
-            raise CheckpointConflict(
-                f"run {self.name}: another process changed its checkpoint{at}, so this "
-                "process stopped without overwriting it (it had been taken over, or ran "
-                "twice). Nothing further ran here; let the other process finish.",
-                run=self.name,
-                step=step,
-            ) from exc
+            raise self.conflict(step) from exc
         self.header = header
+
+    def conflict(self, step: str | None) -> CheckpointConflict:
+        at = f" at step {step!r}" if step else ""
+        return CheckpointConflict(
+            f"run {self.name}: another process changed its checkpoint{at}, so this "
+            "process stopped without overwriting it (its lease had run out and the run "
+            "was taken over, or it ran twice). Nothing further ran here; let the other "
+            "process finish.",
+            run=self.name,
+            step=step,
+        )
+
+    def heartbeat(self) -> Heartbeat:
+        """Renew the lease from a thread until stopped (see ``_lease``)."""
+
+        def renew() -> None:
+            header = self.stamp(self.header)
+            data = ckpt.encode(header, self.payload)
+            self.version = self.plan.store.put(self.key, data, match=self.version)
+            self.header = header
+
+        return Heartbeat(self.plan.lease / 3, renew, self.name)
 
 
 def execute(plan: Plan, run_id: str, initial: Any) -> Protocol[Any]:
     """The whole run protocol; returns the final state."""
     run = _Run(plan, run_id)
-    found = yield Get(run.key)
-    if found is None:
-        yield from _create(run, initial)
-    else:
-        _load(run, *found)
-        if run.header.status == "completed":
-            logger.info("run %s is already complete; nothing to do", run.name)
-            if plan.on_complete == "delete":  # a crash came between commit and delete
-                yield Delete(run.key)
-            return run.state
-    steps = plan.steps
-    while run.header.status != "completed":
-        index = run.header.next_step
-        yield from _advance(run, steps[index], index)
-    return (yield from _finish(run))
+    with run.owner.active():
+        found = yield Get(run.key)
+        if found is None:
+            yield from _create(run, initial)
+        else:
+            _load(run, *found)
+            if run.header.status == "completed":
+                logger.info("run %s is already complete; nothing to do", run.name)
+                if plan.on_complete == "delete":  # a crash came between commit and delete
+                    yield Delete(run.key)
+                return run.state
+            # The claim: from here on, a process that held the run before us
+            # is fenced off by the compare-and-swap of every write it tries.
+            yield from run.write(run.header.evolve(status="running"), None)
+        while run.header.status != "completed":
+            if plan.stop is not None and plan.stop.is_set():
+                yield from run.write(run.header, None, release=True)
+                raise Released(f"run {run.name} released")
+            index = run.header.next_step
+            yield from _advance(run, plan.steps[index], index)
+        return (yield from _finish(run))
 
 
 def _create(run: _Run, initial: Any) -> Protocol[None]:
@@ -308,6 +242,14 @@ def _load(run: _Run, data: bytes, version: str) -> None:
         )
     if header.status != "completed":
         _check_steps(run.name, header.steps, tuple(s.name for s in plan.steps))
+        if is_live(header.owner) and not plan.takeover:
+            assert header.owner is not None
+            raise RunLocked(
+                f"run {run.name} is being run by {describe(header.owner)}. Wait for it, "
+                "or if you know that process is gone, pass takeover=True "
+                "(durable-steps worker does this by itself once the lease ends).",
+                run=run.name,
+            )
     run.header, run.payload, run.version = header, payload, version
     run.state = run.decode_state(payload)
     if header.status != "completed":
@@ -375,7 +317,15 @@ def _advance(run: _Run, step: Step[..., Any], index: int) -> Protocol[None]:
         yield from run.write(header.evolve(intent=intent, status="running"), step.name)
 
     started = time.monotonic()
-    attempts = yield from _fire(run, step, ctx)
+    heartbeat = run.heartbeat()
+    try:
+        attempts, failure = yield from _fire(run, step, ctx)
+    finally:
+        heartbeat.stop()
+    if heartbeat.lost:  # taken over while the step ran: say so before anything else
+        raise run.conflict(step.name)
+    if failure is not None:
+        yield from _give_up(run, step, ctx, failure)
     yield from _commit(run, step, ctx, attempts, time.monotonic() - started)
 
 
@@ -428,12 +378,12 @@ def _settle_doubt(
     return False
 
 
-def _fire(run: _Run, step: Step[..., Any], ctx: Context) -> Protocol[int]:
+def _fire(run: _Run, step: Step[..., Any], ctx: Context) -> Protocol[tuple[int, Exception | None]]:
     """Call the step until it succeeds or its retry policy gives up.
 
     Every attempt after the first starts from the committed payload, decoded
     afresh, so changes a failed attempt made in place are gone. Returns the
-    number of attempts made.
+    number of attempts made and, if the policy gave up, the last error.
     """
     policy = step.retry._policy() if step.retry else None
     tries = None
@@ -454,9 +404,8 @@ def _fire(run: _Run, step: Step[..., Any], ctx: Context) -> Protocol[int]:
         except Exception as exc:
             wait = _next_wait(policy, tries, exc)
             if wait is None:
-                yield from _give_up(run, step, ctx, exc)
+                return ctx.attempt, exc
             assert tries is not None
-            assert wait is not None
             logger.warning(
                 "run %s: step %r attempt %d failed (%s: %s); retrying in %.2fs",
                 run.name,
@@ -481,7 +430,7 @@ def _fire(run: _Run, step: Step[..., Any], ctx: Context) -> Protocol[int]:
             continue
         if result is not None:
             run.state = result
-        return ctx.attempt
+        return ctx.attempt, None
 
 
 def _next_wait(

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any, Literal, ParamSpec, TypeVar, overload
 
 from . import _runner
 from ._checkpoint import validate_name
+from ._drivers import drive_async, drive_sync
 from ._events import Subscriber
 from ._step import InDoubt, Retry, Step
 from .errors import DefinitionError
@@ -37,7 +39,9 @@ class Workflow:
     keeps a finished run's checkpoint as a terminal marker holding the final
     state; ``"delete"`` removes it, so a rerun starts over. ``on_event``
     subscribers receive an :class:`~durable_steps.Event` for everything that
-    happens in a run.
+    happens in a run. ``lease`` is how long (seconds) a run stays owned by a
+    process that stopped renewing it before another may take it over; see
+    :meth:`run`.
     """
 
     def __init__(
@@ -51,6 +55,7 @@ class Workflow:
         on_complete: Literal["mark", "delete"] = "mark",
         signing_key: bytes | str | None = None,
         on_event: Sequence[Subscriber] = (),
+        lease: float = 60.0,
     ) -> None:
         self.name = validate_name(name, "workflow name")
         if until is not None and not callable(until):
@@ -59,7 +64,10 @@ class Workflow:
             raise DefinitionError(
                 f"workflow {name!r}: on_complete must be 'mark' or 'delete', not {on_complete!r}"
             )
+        if not lease > 0:
+            raise DefinitionError(f"workflow {name!r}: lease must be > 0 seconds, not {lease!r}")
         self.until = until
+        self.lease = float(lease)
         self.on_complete = on_complete
         self.serializer = resolve_serializer(serializer, signing_key)
         self.store = open_store(store)
@@ -131,7 +139,14 @@ class Workflow:
 
         return make if fn is None else make(fn)
 
-    def _plan(self, run_id: str, *, asynchronous: bool) -> _runner.Plan:
+    def _plan(
+        self,
+        run_id: str,
+        *,
+        asynchronous: bool,
+        takeover: bool = False,
+        stop: threading.Event | None = None,
+    ) -> _runner.Plan:
         validate_name(run_id, "run id")
         if not self._steps:
             raise DefinitionError(f"workflow {self.name!r} has no steps; add some with @wf.step()")
@@ -143,25 +158,40 @@ class Workflow:
                         "run the workflow with `await wf.arun(...)`"
                     )
         return _runner.Plan(
-            self.name, self.steps, self.serializer, self.until, self.on_complete, self.on_event
+            self.name,
+            self.steps,
+            self.serializer,
+            self.until,
+            self.on_complete,
+            self.on_event,
+            self.store,
+            self.lease,
+            takeover,
+            stop,
         )
 
-    def run(self, run_id: str, state: Any = None) -> Any:
+    def run(self, run_id: str, state: Any = None, *, takeover: bool = False) -> Any:
         """Run ``run_id`` to completion and return its final state.
 
         A new run starts from ``state`` (``{}`` when ``None``); an unfinished
         run resumes from its checkpoint (``state`` is then ignored); a
         completed run returns its final state and runs nothing.
-        """
-        plan = self._plan(run_id, asynchronous=False)
-        return _runner.drive_sync(_runner.execute(plan, run_id, state), self.store)
 
-    async def arun(self, run_id: str, state: Any = None) -> Any:
+        A run being executed by another live process raises
+        :class:`~durable_steps.RunLocked`. A crashed owner frees the run at
+        once on the same host, and elsewhere when its lease ends;
+        ``takeover=True`` takes the run anyway (the other process, if alive,
+        is then fenced off at its next write).
+        """
+        plan = self._plan(run_id, asynchronous=False, takeover=takeover)
+        return drive_sync(_runner.execute(plan, run_id, state), self.store)
+
+    async def arun(self, run_id: str, state: Any = None, *, takeover: bool = False) -> Any:
         """:meth:`run` under asyncio: ``async def`` steps are awaited, sync
         steps run on the event loop, store calls run in a worker thread.
         """
-        plan = self._plan(run_id, asynchronous=True)
-        return await _runner.drive_async(_runner.execute(plan, run_id, state), self.store)
+        plan = self._plan(run_id, asynchronous=True, takeover=takeover)
+        return await drive_async(_runner.execute(plan, run_id, state), self.store)
 
     def resolve(self, run_id: str, *, fired: bool) -> None:
         """Tell an in-doubt run whether its pending step's effect happened.

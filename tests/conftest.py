@@ -10,6 +10,7 @@ crash a subprocess.
 from __future__ import annotations
 
 import os
+import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -71,8 +72,20 @@ def _target(kind: str, request: pytest.FixtureRequest, tmp_path: Path) -> StoreT
     if kind == "local":
         return StoreTarget(kind, str(tmp_path / "store"))
     server: S3Server = request.getfixturevalue(kind)
-    bucket = server.make_bucket()
-    return StoreTarget(kind, f"s3://{bucket}/ckpt", server.env(), server)
+    # One bucket per server, a fresh prefix per test: on SeaweedFS every new
+    # bucket costs volume allocation, and prefixes isolate tests just as well.
+    bucket = request.getfixturevalue(f"{kind}_bucket")
+    return StoreTarget(kind, f"s3://{bucket}/t-{uuid.uuid4().hex[:12]}", server.env(), server)
+
+
+@pytest.fixture(scope="session")
+def seaweedfs_bucket(seaweedfs: S3Server) -> str:
+    return seaweedfs.make_bucket()
+
+
+@pytest.fixture(scope="session")
+def moto_bucket(moto: S3Server) -> str:
+    return moto.make_bucket()
 
 
 @pytest.fixture(params=_kind_params(STORE_KINDS))

@@ -339,6 +339,10 @@ def start_seaweedfs(tmpdir: Path | str) -> S3Server:
         "-s3.port.iceberg=0",  # 0 disables
         "-s3.port.lance=0",  # 0 disables
         "-s3.autoCreateBucket=false",  # a missing bucket must be an error
+        # Every bucket is a collection with volumes of its own; the suite makes
+        # hundreds of buckets, so allow many small volumes (created lazily).
+        "-volume.max=4000",
+        "-master.volumeSizeLimitMB=16",
         f"-s3.debug.port={s3_debug}",  # unused in mini mode, set anyway
         f"-admin.port={admin}",
         f"-admin.port.grpc={admin_grpc}",

@@ -411,7 +411,9 @@ def test_straggler_is_fenced(store: ds.Store) -> None:
     t = threading.Thread(target=straggler, name="straggler")
     t.start()
     assert entered.wait(30)
-    winner = wf.run("r1")  # resumes at 'slow' and finishes the run
+    with pytest.raises(ds.RunLocked, match=r"fence/r1 is being run by .*takeover=True"):
+        wf.run("r1")  # the straggler's execution is live in this process
+    winner = wf.run("r1", takeover=True)  # resumes at 'slow' and finishes the run
     release.set()
     t.join(30)
     assert winner["by"] == "MainThread"

@@ -1,0 +1,133 @@
+"""Effects and the two drivers that perform them (sync and asyncio).
+
+The run protocol (:mod:`durable_steps._runner`) is a generator that never
+does I/O: it yields the effects below and is sent their results, or has
+their exceptions thrown in. The drivers differ only in *how* they perform an
+effect — directly, or with ``await`` and ``asyncio.to_thread`` — so ``run``
+and ``arun`` share every line of the protocol.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import time
+from collections.abc import Callable, Generator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from . import testing
+
+if TYPE_CHECKING:
+    from .stores import Store
+
+__all__ = ["Call", "Delete", "Get", "Protocol", "Put", "Sleep", "drive_async", "drive_sync"]
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Get:
+    """Read a key: result ``(bytes, version) | None``."""
+
+    key: str
+
+
+@dataclass(frozen=True)
+class Put:
+    """Conditional write: result the new version."""
+
+    key: str
+    data: bytes
+    match: str | None
+
+
+@dataclass(frozen=True)
+class Delete:
+    """Remove a key."""
+
+    key: str
+
+
+@dataclass(frozen=True)
+class Call:
+    """Call user code (a step, ``reconcile``); awaited when it is async."""
+
+    fn: Callable[..., Any]
+    args: tuple[Any, ...]
+
+
+@dataclass(frozen=True)
+class Sleep:
+    """Wait between retries (skipped under ``testing.no_wait()``)."""
+
+    seconds: float
+
+
+Effect = Get | Put | Delete | Call | Sleep
+Protocol = Generator[Effect, Any, T]
+
+
+def _next(protocol: Protocol[T], send: Any, error: BaseException | None) -> tuple[bool, Any]:
+    """Advance ``protocol``: ``(True, result)`` when it is done, else ``(False, effect)``."""
+    try:
+        return False, (protocol.throw(error) if error is not None else protocol.send(send))
+    except StopIteration as done:
+        return True, done.value
+
+
+def _perform(effect: Effect, store: Store) -> Any:
+    if isinstance(effect, Get):
+        return store.get(effect.key)
+    if isinstance(effect, Put):
+        return store.put(effect.key, effect.data, match=effect.match)
+    if isinstance(effect, Delete):
+        return store.delete(effect.key)
+    if isinstance(effect, Call):
+        return effect.fn(*effect.args)
+    if not testing.sleeps_disabled():
+        time.sleep(effect.seconds)
+    return None
+
+
+async def _perform_async(effect: Effect, store: Store) -> Any:
+    if isinstance(effect, Call):
+        result = effect.fn(*effect.args)  # sync steps run on the loop, like sync code does
+        return (await result) if inspect.isawaitable(result) else result
+    if isinstance(effect, Sleep):
+        if not testing.sleeps_disabled():
+            await asyncio.sleep(effect.seconds)
+        return None
+    return await asyncio.to_thread(_perform, effect, store)
+
+
+def drive_sync(protocol: Protocol[T], store: Store) -> T:
+    """Run ``protocol`` to completion in this thread."""
+    send: Any = None
+    error: BaseException | None = None
+    while True:
+        done, item = _next(protocol, send, error)
+        if done:
+            return item  # type: ignore[no-any-return]
+        send, error = None, None
+        try:
+            send = _perform(item, store)
+        except BaseException as exc:  # the protocol decides what an error means
+            error = exc
+
+
+async def drive_async(protocol: Protocol[T], store: Store) -> T:
+    """Run ``protocol`` under asyncio: store calls in a worker thread, async
+    steps awaited, sync steps called on the event loop.
+    """
+    send: Any = None
+    error: BaseException | None = None
+    while True:
+        done, item = _next(protocol, send, error)
+        if done:
+            return item  # type: ignore[no-any-return]
+        send, error = None, None
+        try:
+            send = await _perform_async(item, store)
+        except BaseException as exc:  # the protocol decides what an error means
+            error = exc

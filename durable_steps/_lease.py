@@ -1,0 +1,165 @@
+"""Run ownership: who is running a run, until when, and whether they still are.
+
+A running run records its *owner* in the checkpoint header::
+
+    "owner": {"host": "worker-7", "pid": 4242, "started": 1795987000.12,
+              "token": "9f3c…", "until": 1795987060.5}
+
+``token`` is random per execution; ``until`` is the lease's end (wall-clock
+seconds). Every write the runner makes renews the lease (a commit costs
+nothing extra), and while one step runs longer than a third of the lease a
+:class:`Heartbeat` thread renews it with compare-and-swap writes — so a
+heartbeat can never clobber a commit, and a process that lost its run (it
+was paused past its lease and another process took over) finds out at its
+next write: :class:`CheckpointConflict`, and it stops.
+
+Another process may take a run over when (:func:`is_live` is false):
+
+* the lease has ended; or
+* the owner is on this host and its process is gone (a SIGKILL, an OOM kill,
+  a reboot): no need to wait for the lease; or
+* the owner is this very process and that execution has ended (an exception
+  escaped ``wf.run``; the run is free at once).
+
+Leases rely on the hosts' clocks agreeing to well within the lease (60 s by
+default); NTP does that. Hosts are told apart by ``socket.gethostname()``:
+containers that share a hostname but not a PID namespace must not share a
+store prefix without distinct hostnames.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import secrets
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from ._events import logger
+from .errors import CheckpointConflict, DurableStepsError
+
+__all__ = ["Heartbeat", "Owner", "describe", "is_live"]
+
+_HOST = socket.gethostname()
+_active_tokens: set[str] = set()  # executions running in this process now
+_active_lock = threading.Lock()
+
+
+def _process_started(pid: int) -> float | None:
+    """When ``pid`` started (seconds since boot), where the OS says; this tells
+    a live owner from an unrelated process that reused its pid.
+    """
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            fields = f.read().rsplit(b")", 1)[1].split()
+        return int(fields[19]) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+_STARTED = _process_started(os.getpid())
+
+
+class Owner:
+    """This process's claim on one run: a token, renewed to ``lease`` seconds ahead."""
+
+    def __init__(self, lease: float) -> None:
+        self.lease = lease
+        self.token = secrets.token_hex(8)
+
+    def record(self) -> dict[str, Any]:
+        """The header's ``owner`` field, with the lease renewed from now."""
+        return {
+            "host": _HOST,
+            "pid": os.getpid(),
+            "started": _STARTED,
+            "token": self.token,
+            "until": round(time.time() + self.lease, 3),
+        }
+
+    @contextlib.contextmanager
+    def active(self) -> Iterator[None]:
+        """Mark this execution live in this process while the block runs."""
+        with _active_lock:
+            _active_tokens.add(self.token)
+        try:
+            yield
+        finally:
+            with _active_lock:
+                _active_tokens.discard(self.token)
+
+
+def is_live(owner: dict[str, Any] | None, *, now: float | None = None) -> bool:
+    """Whether ``owner`` (a header's ``owner`` field) may still be running."""
+    if not owner or float(owner.get("until", 0)) < (time.time() if now is None else now):
+        return False
+    if owner.get("host") != _HOST:
+        return True  # another machine, lease not over: assume it is alive
+    pid = int(owner.get("pid", -1))
+    if pid == os.getpid():
+        with _active_lock:
+            return owner.get("token") in _active_tokens
+    return _process_alive(pid, owner.get("started"))
+
+
+def _process_alive(pid: int, started: float | None) -> bool:
+    """Whether ``pid`` on this host is still the process that started at ``started``."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # exists, owned by another user
+    return started is None or _process_started(pid) in (None, started)
+
+
+def describe(owner: dict[str, Any]) -> str:
+    """``host:pid (lease ends in 42s)`` for messages."""
+    left = float(owner.get("until", 0)) - time.time()
+    return f"{owner.get('host')}:{owner.get('pid')} (lease ends in {max(left, 0):.0f}s)"
+
+
+class Heartbeat:
+    """Renews a run's lease from a thread while a long step runs.
+
+    ``renew()`` is called every ``interval`` seconds and must do one
+    compare-and-swap write; a :class:`CheckpointConflict` means the run was
+    taken over, so the heartbeat records that and stops for good. Other
+    store errors are logged and retried at the next beat: the lease is three
+    beats long, so one failed renewal costs nothing.
+    """
+
+    def __init__(self, interval: float, renew: Callable[[], None], name: str) -> None:
+        self.lost = False
+        self._renew = renew
+        self._interval = interval
+        self._stopped = threading.Event()
+        self._lock = threading.Lock()  # held while a renewal writes
+        self._thread = threading.Thread(target=self._beat, name=f"heartbeat {name}", daemon=True)
+        self._thread.start()
+
+    def _beat(self) -> None:
+        while not self._stopped.wait(self._interval):
+            with self._lock:
+                if self._stopped.is_set():
+                    return
+                try:
+                    self._renew()
+                except CheckpointConflict:
+                    logger.warning(
+                        "%s: the run was taken over; heartbeat stopped", self._thread.name
+                    )
+                    self.lost = True
+                    return
+                except DurableStepsError as exc:
+                    logger.warning("%s: renewal failed (%s); will retry", self._thread.name, exc)
+
+    def stop(self) -> None:
+        """Stop beating; returns once no renewal is in flight."""
+        self._stopped.set()
+        with self._lock:
+            pass
+        self._thread.join()

@@ -1,0 +1,942 @@
+"""Benchmarks of durable_steps: what checkpointing costs, and what it sends.
+
+Run it as a script (it is not a test; ``conftest.py`` here keeps pytest out)::
+
+    .venv/bin/python tests/benchmarks/bench.py [--quick] [--json PATH] [--profile]
+        [--only overhead,budget,growth,resume,memory,breakdown] [--dir DIR]
+
+Sections (each prints an aligned table; everything also goes to the JSON file):
+
+overhead
+    Per-step time of durable_steps over a hand-written loop (state dict ->
+    ``json.dumps`` -> one write per step) on the same storage in the same
+    process: the local store against temp file + fsync + ``os.replace`` +
+    directory fsync; the S3 store against plain ``put_object`` calls, on
+    SeaweedFS and on moto (started here on loopback by ``tests/s3servers.py``).
+    Rounds are interleaved (the loop that goes first alternates); the ratio is
+    of the medians of the rounds' mean step times. durable_steps runs a
+    workflow of one idempotent step with ``until=`` (N passes); a step is
+    timed from one commit to the next, so the run-creating write (and the
+    initial GET) is excluded; the hand loop's first write, which creates its
+    object, is excluded too.
+budget
+    S3 requests per step and to resume, counted with a botocore
+    ``before-send`` hook on the store's client, against DESIGN.md's costs;
+    every checkpoint PUT must carry ``If-None-Match`` or ``If-Match``.
+growth
+    A transcript growing by 2 KB per step: bytes written and time per step at
+    steps 10, 100, 1,000.
+resume
+    Process start to the first re-fired step for a run with 1 MB of state
+    that a first child left by SIGKILLing itself mid-run.
+memory
+    Peak RSS of checkpointing a 10 MB state for 100 steps, over the peak after
+    building the state, in multiples of the state's encoded size.
+breakdown
+    Where a step's time goes, component by component, without a profiler;
+    ``--profile`` adds cProfile's top functions per store.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import cProfile
+import gc
+import json
+import os
+import platform
+import pstats
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+import zlib
+from collections import Counter
+from collections.abc import Callable, Iterator
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parents[1]
+sys.path[:0] = [str(ROOT), str(HERE)]
+
+import bench_child as child  # noqa: E402
+
+import durable_steps as ds  # noqa: E402
+from durable_steps import _checkpoint as ckpt  # noqa: E402
+from tests.s3servers import S3Server, start_moto, start_seaweedfs  # noqa: E402
+
+CHILD = str(HERE / "bench_child.py")
+KB, MB = 1_000, 1_000_000
+SIZES = (2 * KB, 100 * KB, 1 * MB)
+TARGETS = {"local": 1.20, "seaweedfs": 1.15, "moto": 1.15}
+TARGET_SIZE = 2 * KB
+SECTIONS = ("overhead", "budget", "growth", "resume", "memory", "breakdown")
+
+# (rounds, steps per round) for each state size
+PLAN = {
+    "normal": {2 * KB: (25, 40), 100 * KB: (15, 30), 1 * MB: (11, 15)},
+    "quick": {2 * KB: (7, 20), 100 * KB: (5, 10), 1 * MB: (5, 5)},
+}
+
+
+def human(n: float) -> str:
+    """Bytes, the way the tables show them."""
+    for unit, size in (("MB", MB), ("KB", KB)):
+        if n >= size:
+            return f"{n / size:.{0 if n % size == 0 else 1}f} {unit}"
+    return f"{n:.0f} B"
+
+
+def us(seconds: float) -> str:
+    """Seconds as microseconds (or milliseconds when large) for a table."""
+    if seconds >= 0.1:
+        return f"{seconds * 1e3:,.0f} ms"
+    return f"{seconds * 1e6:,.0f} µs"
+
+
+def table(title: str, headers: list[str], rows: list[list[Any]], note: str = "") -> str:
+    """Aligned columns: text left, numbers right."""
+    cells = [[str(c) for c in headers]] + [[str(c) for c in r] for r in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
+
+    def numeric(s: str) -> bool:
+        return bool(s) and (s[0].isdigit() or s[0] in "-+≤(") and s not in ("-",)
+
+    def fmt(row: list[str]) -> str:
+        return "  ".join(
+            c.rjust(w) if numeric(c) and j else c.ljust(w)
+            for j, (c, w) in enumerate(zip(row, widths, strict=True))
+        ).rstrip()
+
+    lines = [f"\n== {title} ==", fmt(cells[0]), "  ".join("-" * w for w in widths)]
+    lines += [fmt(r) for r in cells[1:]]
+    if note:
+        lines.append(note)
+    text = "\n".join(lines)
+    print(text, flush=True)
+    return text
+
+
+def quantile(values: list[float], q: float) -> float:
+    """Linear-interpolated quantile of ``values``."""
+    s = sorted(values)
+    pos = (len(s) - 1) * q
+    lo = int(pos)
+    hi = min(lo + 1, len(s) - 1)
+    return s[lo] + (s[hi] - s[lo]) * (pos - lo)
+
+
+# -- storage backends -------------------------------------------------------------
+
+
+class Backend:
+    """One kind of storage: a durable_steps store, and the hand loop's write."""
+
+    name: str
+    store: ds.Store
+
+    def hand_writer(self, tag: str) -> Callable[[bytes], None]:
+        """A function writing one checkpoint of the hand loop (tag: its object)."""
+        raise NotImplementedError
+
+    def url(self, prefix: str) -> str:
+        """The store URL a child process opens (same storage, another prefix)."""
+        raise NotImplementedError
+
+    def env(self) -> dict[str, str]:
+        """The environment a child process needs."""
+        return dict(os.environ)
+
+    def close(self) -> None:
+        """Release the store."""
+        self.store.close()
+
+
+class LocalBackend(Backend):
+    """A directory on the local disk."""
+
+    def __init__(self, root: Path) -> None:
+        self.name = "local"
+        self.root = root
+        self.store = ds.LocalStore(root / "ds")
+
+    def hand_writer(self, tag: str) -> Callable[[bytes], None]:
+        directory = self.root / "hand" / tag
+        directory.mkdir(parents=True)
+        path, temp = directory / "checkpoint", directory / ".tmp-checkpoint"
+
+        def write(data: bytes) -> None:
+            # The article's loop: temp file in the same directory, fsync,
+            # rename over the target, fsync the directory.
+            fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            try:
+                os.write(fd, data)
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            os.replace(temp, path)
+            dfd = os.open(directory, os.O_RDONLY)
+            try:
+                os.fsync(dfd)
+            finally:
+                os.close(dfd)
+
+        return write
+
+    def url(self, prefix: str) -> str:
+        return str(self.root / prefix)
+
+
+class S3Backend(Backend):
+    """A bucket on a real S3-compatible server on loopback."""
+
+    def __init__(self, server: S3Server) -> None:
+        self.name = server.name
+        self.server = server
+        self.bucket = server.make_bucket()
+        self.client = server.client()
+        self.store = ds.S3Store(self.bucket, "ds", client=self.client)
+
+    def hand_writer(self, tag: str) -> Callable[[bytes], None]:
+        client, bucket, key = self.client, self.bucket, f"hand/{tag}/checkpoint"
+
+        def write(data: bytes) -> None:
+            client.put_object(Bucket=bucket, Key=key, Body=data)
+
+        return write
+
+    def url(self, prefix: str) -> str:
+        return f"s3://{self.bucket}/{prefix}"
+
+    def env(self) -> dict[str, str]:
+        return self.server.child_env()
+
+    def close(self) -> None:
+        self.store.close()
+        self.client.close()
+
+
+# -- the two loops ----------------------------------------------------------------
+
+
+def hand_round(write: Callable[[bytes], None], state: dict, steps: int) -> list[float]:
+    """The hand-written loop; per-step seconds (its creating write not timed)."""
+    write(json.dumps(state).encode())
+    times = []
+    prev = time.perf_counter()
+    for _ in range(steps):
+        child.mutate(state)
+        write(json.dumps(state).encode())
+        now = time.perf_counter()
+        times.append(now - prev)
+        prev = now
+    return times
+
+
+class Stamps:
+    """An event subscriber noting when the run started and each step committed."""
+
+    def __init__(self) -> None:
+        self.at: list[float] = []
+
+    def __call__(self, event: ds.Event) -> None:
+        if event.kind in ("run_started", "step_committed"):
+            self.at.append(time.perf_counter())
+
+    def steps(self) -> list[float]:
+        return [b - a for a, b in zip(self.at, self.at[1:], strict=False)]
+
+
+def ds_round(
+    store: ds.Store, state: dict, steps: int, run_id: str, step_fn: Callable | None = None
+) -> list[float]:
+    """durable_steps: one idempotent step, ``steps`` passes; per-step seconds."""
+    stamps = Stamps()
+    wf = child.one_step_workflow(store, steps, on_event=[stamps], step_fn=step_fn)
+    wf.run(run_id, state)
+    return stamps.steps()
+
+
+def checkpoint_size(store: ds.Store, run_id: str, workflow: str = child.WORKFLOW) -> int:
+    found = store.get(ckpt.checkpoint_key(workflow, run_id))
+    return len(found[0]) if found else 0
+
+
+# -- overhead ---------------------------------------------------------------------
+
+
+def bench_overhead(backends: list[Backend], mode: str) -> tuple[list[dict], str]:
+    results = []
+    for backend in backends:
+        for size in SIZES:
+            rounds, steps = PLAN[mode][size]
+            template = json.dumps(child.make_state(size))
+            hand_means, ds_means, hand_all, ds_all, pair = [], [], [], [], []
+            ds_bytes = 0
+            hand_bytes = len(json.dumps(json.loads(template)).encode())
+            for r in range(rounds + 1):  # round 0 warms up and is dropped
+                tag = f"{size}-{r}-{uuid.uuid4().hex[:6]}"
+                order = ("hand", "ds") if r % 2 else ("ds", "hand")
+                got: dict[str, list[float]] = {}
+                for which in order:
+                    state = json.loads(template)
+                    gc.collect()
+                    if which == "hand":
+                        got[which] = hand_round(backend.hand_writer(tag), state, steps)
+                    else:
+                        got[which] = ds_round(backend.store, state, steps, f"ovh-{tag}")
+                if r == 0:
+                    ds_bytes = checkpoint_size(backend.store, f"ovh-{tag}")
+                    continue
+                hand_means.append(statistics.fmean(got["hand"]))
+                ds_means.append(statistics.fmean(got["ds"]))
+                hand_all += got["hand"]
+                ds_all += got["ds"]
+                pair.append(ds_means[-1] / hand_means[-1])
+            hand_med, ds_med = statistics.median(hand_means), statistics.median(ds_means)
+            ratio = ds_med / hand_med
+            target = TARGETS[backend.name]
+            results.append(
+                {
+                    "store": backend.name,
+                    "state_bytes": size,
+                    "rounds": rounds,
+                    "steps_per_round": steps,
+                    "hand_step_s": hand_med,
+                    "ds_step_s": ds_med,
+                    "ratio": ratio,
+                    "pair_ratio_p25": quantile(pair, 0.25),
+                    "pair_ratio_p75": quantile(pair, 0.75),
+                    "ratio_of_step_medians": statistics.median(ds_all)
+                    / statistics.median(hand_all),
+                    "hand_object_bytes": hand_bytes,
+                    "ds_object_bytes": ds_bytes,
+                    "target": target if size == TARGET_SIZE else None,
+                    "pass": ratio <= target,
+                }
+            )
+    rows = []
+    for res in results:
+        official = res["target"] is not None
+        verdict = "PASS" if res["pass"] else "MISS"
+        rows.append(
+            [
+                res["store"],
+                human(res["state_bytes"]),
+                f"{res['rounds']}x{res['steps_per_round']}",
+                us(res["hand_step_s"]),
+                us(res["ds_step_s"]),
+                f"{res['ratio']:.3f}",
+                f"{res['pair_ratio_p25']:.2f}-{res['pair_ratio_p75']:.2f}",
+                f"{res['ratio_of_step_medians']:.3f}",
+                f"{human(res['ds_object_bytes'])} / {human(res['hand_object_bytes'])}",
+                f"≤{TARGETS[res['store']]:.2f}" if official else f"(≤{TARGETS[res['store']]:.2f})",
+                verdict if official else f"({verdict.lower()})",
+            ]
+        )
+    text = table(
+        "Overhead: durable_steps step time / hand-written loop step time",
+        [
+            "store",
+            "state",
+            "rounds",
+            "hand/step",
+            "ds/step",
+            "ratio",
+            "IQR(pairs)",
+            "p50 ratio",
+            "object ds/hand",
+            "target",
+            "verdict",
+        ],
+        rows,
+        "ratio = median over rounds of the mean step time (ds) / same for the hand loop; "
+        "IQR(pairs) = spread of\nper-round ratios; p50 ratio = ratio of the median single "
+        "steps. Targets apply to the 2 KB state;\nbracketed verdicts compare the other sizes "
+        "with the same bound, for information.",
+    )
+    return results, text
+
+
+# -- request budget ---------------------------------------------------------------
+
+
+class RequestLog:
+    """Every request the client sends, plus run events, in order."""
+
+    KINDS = {
+        "PutObject": "PUT",
+        "GetObject": "GET",
+        "HeadObject": "HEAD",
+        "ListObjectsV2": "LIST",
+        "ListObjects": "LIST",
+        "DeleteObject": "DELETE",
+        "DeleteObjects": "DELETE",
+    }
+
+    def __init__(self, client: Any) -> None:
+        self.entries: list[tuple[str, ...]] = []
+        client.meta.events.register("before-send.s3", self._on_send)
+
+    def _on_send(self, request: Any, event_name: str, **_: Any) -> None:
+        op = event_name.rsplit(".", 1)[-1]
+        headers = {k.lower() for k in request.headers}
+        cond = "if-match" if "if-match" in headers else ""
+        cond = cond or ("if-none-match" if "if-none-match" in headers else "")
+        self.entries.append(("req", self.KINDS.get(op, op), cond))
+
+    def on_event(self, event: ds.Event) -> None:
+        self.entries.append(("event", event.kind, event.step or ""))
+
+    def clear(self) -> None:
+        self.entries.clear()
+
+    def requests(self, entries: list[tuple[str, ...]] | None = None) -> list[tuple[str, ...]]:
+        return [e for e in (self.entries if entries is None else entries) if e[0] == "req"]
+
+    def counts(self, entries: list[tuple[str, ...]] | None = None) -> Counter:
+        return Counter(e[1] for e in self.requests(entries))
+
+    def until_event(self, kind: str) -> list[tuple[str, ...]]:
+        """Entries before the first event ``kind``."""
+        for i, e in enumerate(self.entries):
+            if e[0] == "event" and e[1] == kind:
+                return self.entries[:i]
+        return list(self.entries)
+
+    def between(self, first: str, then: str) -> list[tuple[str, ...]]:
+        """Entries after the first event ``first`` up to the next event ``then``."""
+        start = None
+        for i, e in enumerate(self.entries):
+            if e[0] != "event":
+                continue
+            if start is None and e[1] == first:
+                start = i
+            elif start is not None and e[1] == then:
+                return self.entries[start + 1 : i]
+        return []
+
+    def per_step(self) -> dict[str, list[Counter]]:
+        """Requests of each committed step: from the previous commit (or start) to its commit."""
+        out: dict[str, list[Counter]] = {}
+        start = None
+        for i, e in enumerate(self.entries):
+            if e[0] != "event":
+                continue
+            if e[1] in ("run_started", "run_resumed"):
+                start = i
+            elif e[1] == "step_committed" and start is not None:
+                out.setdefault(e[2], []).append(self.counts(self.entries[start + 1 : i]))
+                start = i
+        return out
+
+
+def _fmt_counts(c: Counter, n: int = 1) -> list[str]:
+    return [
+        f"{c.get(k, 0) / n:g}" for k in ("PUT", "GET", "LIST", "DELETE")
+    ]
+
+
+def _run_child(args: list[str], env: dict[str, str], timeout: float = 120) -> str:
+    proc = subprocess.run(
+        [sys.executable, CHILD, *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+    if proc.returncode not in (0, -9):
+        raise RuntimeError(f"child {args[0]} exited {proc.returncode}: {proc.stderr[-2000:]}")
+    return proc.stdout
+
+
+def bench_budget(backends: list[S3Backend]) -> tuple[list[dict], str]:
+    results, rows, unconditional = [], [], []
+    passes = 10
+    for b in backends:
+        client = b.server.client()
+        log = RequestLog(client)
+        store = ds.S3Store(b.bucket, "budget", client=client)
+        url = b.url("budget")
+        scenario: dict[str, Any] = {"store": b.name}
+
+        def add(what: str, c: Counter, n: int, expected: str, ok: bool,
+                name: str = b.name, scen: dict = scenario) -> None:
+            rows.append([name, what, *_fmt_counts(c, n), expected, "OK" if ok else "OVER"])
+            scen[what] = {k: v / n for k, v in c.items()} | {"ok": ok}
+
+        unconditional_before = len(unconditional)
+
+        # 1. A new run of `passes` idempotent steps.
+        log.clear()
+        wf = child.one_step_workflow(store, passes, on_event=[log.on_event])
+        wf.run("idem", child.make_state(2 * KB))
+        creates = log.until_event("run_started")
+        add("new run: create (GET + PUT)", log.counts(creates), 1, "≤1 PUT",
+            log.counts(creates)["PUT"] <= 1 and not log.counts(creates)["LIST"])
+        steps = log.per_step()["work"]
+        total = sum(steps, Counter())
+        add(f"idempotent step (mean of {len(steps)})", total, len(steps), "1 PUT",
+            total["PUT"] == len(steps) and total["GET"] + total["LIST"] == 0)
+        unconditional += [e for e in log.requests() if e[1] == "PUT" and not e[2]]
+        scenario["puts_new_idempotent_run"] = log.counts()["PUT"]
+
+        # 2. Passes of [think (idempotent), send (not idempotent)].
+        log.clear()
+        wf = child.mixed_workflow(store, 5, on_event=[log.on_event])
+        wf.run("mixed", {"i": 0})
+        per = log.per_step()
+        for name, want in (("think", 1), ("send", 2)):
+            total = sum(per[name], Counter())
+            add(f"{'non-' if want == 2 else ''}idempotent step '{name}' (mean of {len(per[name])})",
+                total, len(per[name]), f"{want} PUT", total["PUT"] == want * len(per[name]))
+        unconditional += [e for e in log.requests() if e[1] == "PUT" and not e[2]]
+
+        # 3. Resume after a SIGKILL inside an idempotent step (1 MB state).
+        _run_child(["crash", "--store", url, "--run", "crashed", "--size", str(MB),
+                    "--steps", str(passes), "--crash-at", "4"], b.env())
+        log.clear()
+        wf = child.one_step_workflow(store, passes, on_event=[log.on_event])
+        wf.run("crashed")
+        before = log.until_event("step_started")
+        c = log.counts(before)
+        add("resume -> first step fired", c, 1, "1 GET, 0 LIST (+1 claim PUT?)",
+            c["GET"] == 1 and c["LIST"] == 0 and c["PUT"] <= 1)
+        steps = log.per_step()["work"]
+        total = sum(steps, Counter())
+        add(f"  then per step (mean of {len(steps)})", total, len(steps), "1 PUT",
+            total["PUT"] == len(steps))
+        unconditional += [e for e in log.requests() if e[1] == "PUT" and not e[2]]
+
+        # 4. Resume after a SIGKILL inside a non-idempotent step (in doubt: re-fire).
+        _run_child(["crash", "--store", url, "--run", "in-doubt", "--shape", "mixed",
+                    "--steps", "3", "--crash-step", "send:1"], b.env())
+        log.clear()
+        wf = child.mixed_workflow(store, 3, on_event=[log.on_event])
+        wf.run("in-doubt")
+        before = log.until_event("step_started")
+        c = log.counts(before)
+        add("resume in doubt -> re-fire", c, 1, "1 GET, 0 LIST (+1 claim PUT?)",
+            c["GET"] == 1 and c["LIST"] == 0 and c["PUT"] <= 1)
+        refire = log.counts(log.between("step_started", "step_committed"))
+        add("  re-fired step -> its commit", refire, 1, "1 PUT (no new intent)",
+            refire["PUT"] == 1 and sum(refire.values()) == 1)
+        unconditional += [e for e in log.requests() if e[1] == "PUT" and not e[2]]
+
+        # 5. Rerun of a completed run.
+        log.clear()
+        child.one_step_workflow(store, passes).run("idem")
+        c = log.counts()
+        add("rerun of a completed run", c, 1, "1 GET, nothing else",
+            c["GET"] == 1 and sum(c.values()) == 1)
+
+        # 6. on_complete="delete".
+        log.clear()
+        wf = child.one_step_workflow(store, 3, on_event=[log.on_event], on_complete="delete")
+        wf.run("deleted", {"i": 0, "note": ""})
+        c = log.counts()
+        add("run of 3 steps, on_complete='delete'", c, 1, "4 PUT, 1 GET, 1 DELETE",
+            c["PUT"] == 4 and c["DELETE"] == 1 and c["GET"] == 1)
+        unconditional += [e for e in log.requests() if e[1] == "PUT" and not e[2]]
+
+        scenario["unconditional_puts"] = len(unconditional) - unconditional_before
+        results.append(scenario)
+        store.close()
+        client.close()
+    cond_ok = not unconditional
+    text = table(
+        "Request budget (S3), requests per step / per event",
+        ["store", "scenario", "PUT", "GET", "LIST", "DELETE", "DESIGN.md budget", "verdict"],
+        rows,
+        f"Conditional writes: {'every' if cond_ok else 'NOT every'} checkpoint PUT carried "
+        f"If-None-Match or If-Match ({len(unconditional)} without). A step's requests are "
+        "those between the\nprevious commit (or the run's start/resume) and its own commit "
+        "(a non-idempotent step's intent PUT included).",
+    )
+    return results, text
+
+
+# -- growth -----------------------------------------------------------------------
+
+
+class CountingStore:
+    """Wraps a store and records the size of every write."""
+
+    def __init__(self, inner: ds.Store) -> None:
+        self.inner = inner
+        self.sizes: list[int] = []
+
+    def get(self, key: str) -> tuple[bytes, str] | None:
+        return self.inner.get(key)
+
+    def put(self, key: str, data: bytes, *, match: str | None = None) -> str:
+        self.sizes.append(len(data))
+        return self.inner.put(key, data, match=match)
+
+    def delete(self, key: str) -> None:
+        self.inner.delete(key)
+
+    def list(self, prefix: str) -> Iterator[ds.ObjectInfo]:
+        return self.inner.list(prefix)
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+def bench_growth(backends: list[Backend], steps: int) -> tuple[list[dict], str]:
+    results, rows = [], []
+    marks = [k for k in (10, 100, 1000) if k <= steps]
+    if steps not in marks:
+        marks.append(steps)
+
+    def at(times: list[float], k: int) -> float:  # median of the 10 steps around k
+        return statistics.median(times[max(0, k - 6) : k + 4])
+
+    for b in backends:
+        tag = uuid.uuid4().hex[:6]
+        counting = CountingStore(b.store)
+        t0 = time.perf_counter()
+        ds_times = ds_round(counting, {"i": 0, "note": "", "messages": []}, steps,
+                            f"grow-{tag}", step_fn=lambda s: child.grow(s, 2000))
+        ds_total = time.perf_counter() - t0
+        sizes = counting.sizes[1:]  # the first write creates the run
+        hand_sizes: list[int] = []
+        write = b.hand_writer(f"grow-{tag}")
+        state = {"i": 0, "note": "", "messages": []}
+        write(json.dumps(state).encode())
+        hand_times = []
+        t0 = time.perf_counter()
+        prev = t0
+        for _ in range(steps):
+            child.grow(state, 2000)
+            data = json.dumps(state).encode()
+            hand_sizes.append(len(data))
+            write(data)
+            now = time.perf_counter()
+            hand_times.append(now - prev)
+            prev = now
+        hand_total = time.perf_counter() - t0
+        res = {"store": b.name, "steps": steps, "ds_total_s": ds_total,
+               "hand_total_s": hand_total, "ds_bytes_total": sum(sizes),
+               "hand_bytes_total": sum(hand_sizes), "at": {}}
+        for k in marks:
+            d, h = at(ds_times, k), at(hand_times, k)
+            res["at"][k] = {"ds_bytes": sizes[k - 1], "hand_bytes": hand_sizes[k - 1],
+                            "ds_step_s": d, "hand_step_s": h}
+            rows.append([b.name, k, human(sizes[k - 1]), human(hand_sizes[k - 1]), us(d),
+                         us(h), f"{d / h:.2f}"])
+        rows.append([b.name, f"all {steps}", human(sum(sizes)), human(sum(hand_sizes)),
+                     us(ds_total / steps), us(hand_total / steps),
+                     f"{ds_total / hand_total:.2f}"])
+        results.append(res)
+    text = table(
+        "Growth: transcript +2 KB per step (bytes written and time per step at step k)",
+        ["store", "step", "ds bytes", "hand bytes", "ds time", "hand time", "ratio"],
+        rows,
+        "Times are the median of the 10 steps around step k ('all': total / steps, "
+        "bytes: total written).\nFormat 1 rewrites the whole state every step: bytes grow "
+        "linearly, in total quadratically.",
+    )
+    return results, text
+
+
+# -- resume latency -----------------------------------------------------------------
+
+
+def bench_resume(backends: list[Backend], reps: int) -> tuple[list[dict], str]:
+    results, rows = [], []
+    for b in backends:
+        samples: list[dict[str, float]] = []
+        errors = []
+        env = b.env()
+        url = b.url("resume")
+        for r in range(reps):
+            run = f"resume-{r}-{uuid.uuid4().hex[:6]}"
+            _run_child(["crash", "--store", url, "--run", run, "--size", str(MB),
+                        "--steps", "10", "--crash-at", "4"], env)
+            started = time.monotonic()
+            proc = subprocess.Popen(
+                [sys.executable, CHILD, "resume", "--store", url, "--run", run, "--steps", "10"],
+                env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            )
+            out, err = proc.communicate(timeout=120)
+            try:
+                marks = json.loads(out.strip().splitlines()[-1])
+            except (ValueError, IndexError):
+                errors.append(err.strip().splitlines()[-1] if err.strip() else f"rc {proc.returncode}")
+                continue
+            samples.append(
+                {
+                    "total": marks["first_step"] - started,
+                    "interpreter": marks["t0"] - started,
+                    "import_durable_steps": marks["imported_ds"] - marks["t0"],
+                    "import_boto3": marks["imported_boto3"] - marks["imported_ds"],
+                    "open_store": marks["workflow_ready"] - marks["imported_boto3"],
+                    "load_to_first_step": marks["first_step"] - marks["workflow_ready"],
+                }
+            )
+        if not samples:
+            rows.append([b.name, "failed: " + "; ".join(errors[:1])] + [""] * 6)
+            results.append({"store": b.name, "errors": errors})
+            continue
+        med = {k: statistics.median(s[k] for s in samples) for k in samples[0]}
+        results.append({"store": b.name, "reps": len(samples), "median_s": med,
+                        "samples": samples, "errors": errors})
+        rows.append([b.name, len(samples)] + [us(med[k]) for k in (
+            "total", "interpreter", "import_durable_steps", "import_boto3", "open_store",
+            "load_to_first_step")])
+    text = table(
+        "Resume latency: Popen -> first re-fired step, 1 MB state (median)",
+        ["store", "reps", "total", "python start", "import ds", "import boto3",
+         "open store", "GET+decode"],
+        rows,
+        "python start: Popen to the child's first line; open store: Workflow() incl. "
+        "boto3 client creation;\nGET+decode: wf.run() up to the first step (read, crc, "
+        "json.loads of 1 MB).",
+    )
+    return results, text
+
+
+# -- memory -----------------------------------------------------------------------
+
+
+def bench_memory(backends: list[Backend], size: int, steps: int) -> tuple[list[dict], str]:
+    results, rows = [], []
+    for b in backends:
+        for how in ("hand", "ds"):
+            out = _run_child(
+                ["memory", "--store", b.url(f"mem-{uuid.uuid4().hex[:6]}"), "--run", "mem",
+                 "--mode", how, "--size", str(size), "--steps", str(steps)],
+                b.env(), timeout=300,
+            )
+            m = json.loads(out.strip().splitlines()[-1])
+            extra = m["peak_rss"] - m["baseline_peak_rss"]
+            mult = extra / m["encoded_bytes"]
+            results.append({"store": b.name, "loop": how, **m, "extra_over_state": mult})
+            rows.append([b.name, "durable_steps" if how == "ds" else "hand loop",
+                         human(m["encoded_bytes"]), steps, human(m["baseline_peak_rss"]),
+                         human(m["peak_rss"]), human(extra), f"{mult:.2f}x",
+                         us(m["seconds"] / steps)])
+    text = table(
+        f"Memory: peak RSS checkpointing a {human(size)} state for {steps} steps",
+        ["store", "loop", "state (encoded)", "steps", "RSS after build", "peak RSS",
+         "extra", "extra / state", "time/step"],
+        rows,
+        "extra = peak RSS during the steps minus the peak after building the state "
+        "(ru_maxrss, in a fresh child process).",
+    )
+    return results, text
+
+
+# -- breakdown / profile ------------------------------------------------------------
+
+
+def _timeit(fn: Callable[[], Any], min_time: float = 0.05, repeat: int = 5) -> float:
+    """Best-of-``repeat`` seconds per call."""
+    n = 1
+    while True:
+        t0 = time.perf_counter()
+        for _ in range(n):
+            fn()
+        dt = time.perf_counter() - t0
+        if dt >= min_time / 5 or n > 1e6:
+            break
+        n *= 4
+    best = dt / n
+    for _ in range(repeat - 1):
+        t0 = time.perf_counter()
+        for _ in range(n):
+            fn()
+        best = min(best, (time.perf_counter() - t0) / n)
+    return best
+
+
+class _NullClient:
+    """An S3 client that answers at once: isolates S3Store's own Python overhead."""
+
+    class meta:  # noqa: N801
+        endpoint_url = "http://127.0.0.1:1"
+
+    def put_object(self, **_: Any) -> dict[str, str]:
+        return {"ETag": '"0123456789abcdef"'}
+
+    def close(self) -> None:
+        pass
+
+
+def bench_breakdown(backends: list[Backend]) -> tuple[list[dict], str]:
+    """Component costs of one step, timed separately (no profiler)."""
+    serializer = ds.JSONSerializer()
+    results, rows = [], []
+    for size in (2 * KB, 1 * MB):
+        state = child.make_state(size)
+        payload = serializer.dumps(state)
+        header = ckpt.Checkpoint(workflow="bench", run_id="r", steps=("work",),
+                                 serializer="json")
+        for i in range(ckpt.HISTORY_LIMIT):
+            header = header.with_commit("work", 1, 0.001, iteration=i + 1, next_step=0,
+                                        completed=False)
+        record = asdict(header)
+        line = json.dumps(record, separators=(",", ":")).encode()
+        parts = {
+            "state encode: JSONSerializer.dumps": _timeit(lambda: serializer.dumps(state)),
+            "  (hand: json.dumps(state).encode())": _timeit(lambda: json.dumps(state).encode()),
+            "header: Checkpoint.with_commit": _timeit(
+                lambda: header.with_commit("work", 1, 0.001, iteration=21, next_step=0,
+                                           completed=False)),
+            "checkpoint.encode total": _timeit(lambda: ckpt.encode(header, payload)),
+            "  dataclasses.asdict(header)": _timeit(lambda: asdict(header)),
+            "  json.dumps(header)": _timeit(lambda: json.dumps(record, separators=(",", ":"))),
+            "  zlib.crc32(payload)": _timeit(lambda: zlib.crc32(payload)),
+            "  header + b'\\n' + payload (copy)": _timeit(lambda: line + b"\n" + payload),
+        }
+        s3null = ds.S3Store("b", client=_NullClient())  # type: ignore[arg-type]
+        parts["S3Store.put Python overhead (null client)"] = _timeit(
+            lambda: s3null.put("k", payload, match='"x"'))
+        for name, t in parts.items():
+            rows.append([human(size), name, us(t) if t >= 1e-6 else f"{t * 1e9:.0f} ns"])
+            results.append({"state_bytes": size, "part": name, "seconds": t})
+        data = ckpt.encode(header, payload)
+        for b in backends:
+            if isinstance(b, LocalBackend):
+                key = f"breakdown/{uuid.uuid4().hex[:6]}/checkpoint"
+                version = b.store.put(key, data)
+                write = b.hand_writer(f"bd-{uuid.uuid4().hex[:6]}")
+                write(data)
+                put_t, hand_t = [], []
+                for _ in range(30):
+                    t0 = time.perf_counter()
+                    version = b.store.put(key, data, match=version)
+                    t1 = time.perf_counter()
+                    write(data)
+                    t2 = time.perf_counter()
+                    put_t.append(t1 - t0)
+                    hand_t.append(t2 - t1)
+                for name, t in (("LocalStore.put (CAS, fsync x2)", statistics.median(put_t)),
+                                ("  (hand: temp+fsync+replace+dir fsync)", statistics.median(hand_t))):
+                    rows.append([human(size), name, us(t)])
+                    results.append({"state_bytes": size, "part": name, "seconds": t})
+    text = table(
+        "Breakdown: component costs per step (best of 5, or median of 30 writes)",
+        ["state", "component", "time"],
+        rows,
+    )
+    return results, text
+
+
+def profile_stores(backends: list[Backend], steps: int = 200) -> str:
+    """cProfile a run per store and size; top functions by own time, per step."""
+    out = []
+    for b in backends:
+        for size in (2 * KB, 1 * MB):
+            n = steps if size < MB else max(20, steps // 10)
+            state = child.make_state(size)
+            prof = cProfile.Profile()
+            prof.enable()
+            ds_round(b.store, state, n, f"prof-{uuid.uuid4().hex[:6]}")
+            prof.disable()
+            st = pstats.Stats(prof)
+            entries = sorted(st.stats.items(), key=lambda kv: kv[1][2], reverse=True)  # type: ignore[attr-defined]
+            rows = []
+            for (file, line, func), (_cc, nc, tt, ct, _callers) in entries[:14]:
+                where = f"{Path(file).name}:{line}" if line else file
+                rows.append([func[:40], where[:38], f"{nc / n:.1f}", us(tt / n), us(ct / n)])
+            out.append(table(f"cProfile {b.name}, {human(size)} state, per step ({n} steps)",
+                             ["function", "where", "calls", "own", "cumulative"], rows))
+    return "\n".join(out)
+
+
+# -- main -------------------------------------------------------------------------
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="fewer rounds (about a minute)")
+    parser.add_argument("--json", type=Path, help="where to write the results as JSON")
+    parser.add_argument("--profile", action="store_true", help="add cProfile per store")
+    parser.add_argument("--only", default=",".join(SECTIONS), help="comma-separated sections")
+    parser.add_argument("--dir", type=Path, help="directory for the local store (default: temp)")
+    parser.add_argument("--no-s3", action="store_true", help="skip the S3 servers")
+    args = parser.parse_args(argv)
+    sections = {s.strip() for s in args.only.split(",") if s.strip()}
+    unknown = sections - set(SECTIONS)
+    if unknown:
+        parser.error(f"unknown sections {sorted(unknown)}; choose from {SECTIONS}")
+    mode = "quick" if args.quick else "normal"
+    began = time.monotonic()
+    report: dict[str, Any] = {
+        "mode": mode,
+        "python": sys.version.split()[0],
+        "platform": platform.platform(),
+        "cpus": os.cpu_count(),
+        "durable_steps": ds.__version__,
+        "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    }
+    texts: list[str] = []
+    servers: list[S3Server] = []
+    backends: list[Backend] = []
+    with contextlib.ExitStack() as stack:
+        tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="ds-bench-")))
+        local_root = Path(tempfile.mkdtemp(prefix="ds-bench-", dir=args.dir)) if args.dir else tmp
+        if args.dir:
+            stack.callback(lambda: __import__("shutil").rmtree(local_root, ignore_errors=True))
+        local = LocalBackend(local_root / "local")
+        backends.append(local)
+        report["local_dir"] = str(local_root)
+        s3: list[S3Backend] = []
+        if not args.no_s3:
+            for start in (start_seaweedfs, start_moto):
+                try:
+                    server = start(tmp / start.__name__)
+                except Exception as exc:  # report, and go on without it
+                    print(f"!! {start.__name__} failed: {exc}", file=sys.stderr)
+                    continue
+                servers.append(server)
+                stack.callback(server.stop)
+                s3.append(S3Backend(server))
+        backends += s3
+        for b in backends:
+            stack.callback(b.close)
+        print(f"durable_steps {ds.__version__}, Python {report['python']}, "
+              f"{report['cpus']} CPUs, {mode} mode; local store in {local_root}", flush=True)
+
+        if "overhead" in sections:
+            report["overhead"], t = bench_overhead(backends, mode)
+            texts.append(t)
+        if "budget" in sections and s3:
+            report["budget"], t = bench_budget(s3)
+            texts.append(t)
+        if "growth" in sections:
+            steps = 200 if args.quick else 1000
+            grow_on = [local] if args.quick else [local, *(b for b in s3 if b.name == "moto")]
+            report["growth"], t = bench_growth(grow_on, steps)
+            texts.append(t)
+        if "resume" in sections:
+            report["resume"], t = bench_resume(backends, 2 if args.quick else 5)
+            texts.append(t)
+        if "memory" in sections:
+            mem_on = [local] if args.quick else [local, *(b for b in s3 if b.name == "moto")]
+            report["memory"], t = bench_memory(mem_on, 10 * MB, 20 if args.quick else 100)
+            texts.append(t)
+        if "breakdown" in sections:
+            report["breakdown"], t = bench_breakdown(backends)
+            texts.append(t)
+        if args.profile:
+            texts.append(profile_stores(backends))
+    report["seconds"] = time.monotonic() - began
+    report["tables"] = "\n".join(texts)
+    path = args.json or Path(tempfile.gettempdir()) / f"durable_steps-bench-{int(time.time())}.json"
+    path.write_text(json.dumps(report, indent=2, default=str))
+    print(f"\n{mode} run took {report['seconds']:.0f} s; results written to {path}")
+    misses = [r for r in report.get("overhead", []) if r["target"] and not r["pass"]]
+    return 1 if misses else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,3 @@
+"""Benchmarks are scripts (``python tests/benchmarks/bench.py``), not tests."""
+
+collect_ignore_glob = ["*.py"]

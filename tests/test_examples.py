@@ -1,0 +1,145 @@
+"""The examples, run as real processes: a clean run, and SIGKILLs at chosen steps.
+
+Each crash test kills ``examples/research_agent.py`` inside a step (for
+``send``: after the fake email API accepted the email, before the commit),
+reruns it, and checks what it says it skipped and re-fired, that the fake
+API delivered exactly one email, and that the report equals a clean run's.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import StoreTarget
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+RESEARCH = EXAMPLES / "research_agent.py"
+S3_AGENT = EXAMPLES / "s3_agent.py"
+KILLED = -signal.SIGKILL
+OUTBOX = Path(".durable_steps", ".fake-email-outbox.json")
+KEY = re.compile(r"ds-[0-9a-f]{40}")
+
+
+def run(
+    script: Path, cwd: Path, *args: str, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, str(script), "--fast", *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
+def report(stdout: str) -> str:
+    """The final report and summary: what must not depend on crashes."""
+    assert "=== report:" in stdout, stdout
+    return stdout[stdout.index("=== report:") :]
+
+
+def emails(outbox: Path) -> list[dict[str, str]]:
+    return list(json.loads(outbox.read_text()).values())
+
+
+@pytest.fixture(scope="module")
+def clean_report(tmp_path_factory: pytest.TempPathFactory) -> str:
+    cwd = tmp_path_factory.mktemp("clean")
+    done = run(RESEARCH, cwd)
+    assert done.returncode == 0, done.stderr
+    return report(done.stdout)
+
+
+def test_clean_run_sends_one_email_and_rerun_does_nothing(tmp_path: Path) -> None:
+    """A clean run finishes with one email; rerunning the finished run redoes nothing."""
+    first = run(RESEARCH, tmp_path)
+    assert first.returncode == 0, first.stderr
+    assert "new run research-agent/topic-1" in first.stdout
+    assert first.stdout.count("accepted (key ds-") == 1
+    assert "passes: 3\nemails delivered: 1\n" in first.stdout
+    assert len(emails(tmp_path / OUTBOX)) == 1
+
+    again = run(RESEARCH, tmp_path)
+    assert again.returncode == 0, again.stderr
+    assert "already complete: nothing ran again" in again.stdout
+    assert "[pass" not in again.stdout
+    assert report(again.stdout) == report(first.stdout)
+    assert len(emails(tmp_path / OUTBOX)) == 1
+
+
+@pytest.mark.parametrize(
+    ("crash_at", "resumed", "done"),
+    [
+        ("plan:0", "plan (pass 0)", 0),
+        ("draft:1", "draft (pass 1)", 6),
+        ("send", "send (pass 2)", 11),
+    ],
+)
+def test_crash_then_resume(
+    tmp_path: Path, clean_report: str, crash_at: str, resumed: str, done: int
+) -> None:
+    """SIGKILL inside a step, rerun: it resumes there, skips the rest, emails exactly once."""
+    crashed = run(RESEARCH, tmp_path, "--crash-at", crash_at)
+    assert crashed.returncode == KILLED, crashed.stdout + crashed.stderr
+    assert "simulated crash (SIGKILL)" in crashed.stdout
+    assert "=== report" not in crashed.stdout
+
+    rerun = run(RESEARCH, tmp_path)
+    assert rerun.returncode == 0, rerun.stderr
+    out = rerun.stdout
+    assert f"resumed at {resumed}: {done} steps done, skipped" in out
+    assert "new run" not in out
+    if crash_at == "send":
+        key = KEY.search(crashed.stdout)
+        assert key is not None
+        assert f"may have fired before the crash: re-firing with same key {key[0]}" in out
+        assert "the email API deduplicated it (1 email sent in total)" in out
+    else:
+        step = crash_at.partition(":")[0]
+        assert f"{step} never committed: it runs again from its start" in out
+        assert "may have fired" not in out
+    sent = emails(tmp_path / OUTBOX)
+    assert len(sent) == 1
+    assert report(out) == clean_report
+    assert "emails delivered: 1" in out
+
+
+@pytest.mark.s3
+@pytest.mark.parametrize("durable_target", ["moto"], indirect=True)
+def test_s3_agent_crash_at_send_then_resume(
+    tmp_path: Path, durable_target: StoreTarget, clean_report: str
+) -> None:
+    """s3_agent.py on a real S3 server: killed after sending, the rerun sends nothing new."""
+    env = {**durable_target.child_env(), "DURABLE_STEPS_STORE": durable_target.url}
+    crashed = run(S3_AGENT, tmp_path, "--crash-at", "send", env=env)
+    assert crashed.returncode == KILLED, crashed.stdout + crashed.stderr
+    assert "new run research-agent/topic-1 in S3Store" in crashed.stdout
+
+    rerun = run(S3_AGENT, tmp_path, env=env)
+    assert rerun.returncode == 0, rerun.stderr
+    assert "resumed at send (pass 2): 11 steps done, skipped" in rerun.stdout
+    assert "the email API deduplicated it (1 email sent in total)" in rerun.stdout
+    assert report(rerun.stdout) == clean_report
+    assert len(emails(tmp_path / "fake-email-outbox.json")) == 1
+    assert not (tmp_path / ".durable_steps").exists()  # the checkpoints went to the bucket
+    keys = [o.key for o in durable_target.open().list("")]
+    assert any(k.startswith("research-agent/topic-1/") for k in keys), keys
+
+
+def test_s3_agent_refuses_a_non_s3_store(tmp_path: Path) -> None:
+    """s3_agent.py without an s3:// DURABLE_STEPS_STORE exits with a clear message."""
+    env = {**os.environ, "DURABLE_STEPS_STORE": str(tmp_path / "ckpt")}
+    done = run(S3_AGENT, tmp_path, env=env)
+    assert done.returncode == 1
+    assert "DURABLE_STEPS_STORE must be an s3://bucket/prefix URL" in done.stderr
+    assert not (tmp_path / "ckpt").exists()
