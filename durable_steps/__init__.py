@@ -29,6 +29,7 @@ from .errors import (
 )
 from .serializers import JSONSerializer, PickleSerializer, Serializer, SignedSerializer
 from .stores import LocalStore, MemoryStore, ObjectInfo, Store, open_store
+from .worker import Worker, WorkerReport
 
 if TYPE_CHECKING:
     from .stores.s3 import S3Store
@@ -57,6 +58,8 @@ __all__ = [
     "StepInDoubt",
     "Store",
     "StoreError",
+    "Worker",
+    "WorkerReport",
     "Workflow",
     "WorkflowChanged",
     "__version__",

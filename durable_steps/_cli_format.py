@@ -70,6 +70,9 @@ clean up:
   {PROG} rm pay/order-17                    one run (refuses running/in-doubt runs)
   {PROG} prune --completed --older-than 7d  list what would go; add --yes to delete
 
+resume many runs, on as many machines as you like:
+  {PROG} worker --app myagent:workflow      claim and finish unowned runs; SIGTERM stops
+
 store: --store URL, else ${STORE_ENV}, else {DEFAULT_STORE}. A URL is a path,
   file:///path or s3://bucket/prefix (boto3's configuration: AWS_PROFILE,
   AWS_ENDPOINT_URL_S3 for MinIO, R2, Ceph, SeaweedFS, ...).

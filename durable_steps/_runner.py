@@ -53,7 +53,7 @@ if TYPE_CHECKING:
     from .serializers import Serializer
     from .stores import Store
 
-__all__ = ["Plan", "Released", "execute", "resolve"]
+__all__ = ["Plan", "Released", "execute", "resolve", "submit"]
 
 
 # --- the protocol -------------------------------------------------------------
@@ -195,7 +195,17 @@ def execute(plan: Plan, run_id: str, initial: Any) -> Protocol[Any]:
         return (yield from _finish(run))
 
 
-def _create(run: _Run, initial: Any) -> Protocol[None]:
+def submit(plan: Plan, run_id: str, initial: Any) -> Protocol[bool]:
+    """Create a run without running it (for workers); False if it exists."""
+    run = _Run(plan, run_id)
+    try:
+        yield from _create(run, initial, release=True)
+    except CheckpointConflict:
+        return False
+    return True
+
+
+def _create(run: _Run, initial: Any, *, release: bool = False) -> Protocol[None]:
     plan = run.plan
     run.state = {} if initial is None else initial
     run.payload = run.encode_state(None)
@@ -207,8 +217,8 @@ def _create(run: _Run, initial: Any) -> Protocol[None]:
         serializer=plan.serializer.name,
         status="completed" if done else "running",
     )
-    yield from run.write(header, None)
-    logger.info("run %s started", run.name)
+    yield from run.write(header, None, release=release)
+    logger.info("run %s %s", run.name, "submitted" if release else "started")
     run.event("run_started")
 
 

@@ -193,6 +193,15 @@ class Workflow:
         plan = self._plan(run_id, asynchronous=True, takeover=takeover)
         return await drive_async(_runner.execute(plan, run_id, state), self.store)
 
+    def submit(self, run_id: str, state: Any = None) -> bool:
+        """Create run ``run_id`` from ``state`` without running it.
+
+        A :class:`~durable_steps.worker.Worker` (or ``durable-steps worker``)
+        picks it up. Returns False, changing nothing, if the run exists.
+        """
+        plan = self._plan(run_id, asynchronous=True)
+        return drive_sync(_runner.submit(plan, run_id, state), self.store)
+
     def resolve(self, run_id: str, *, fired: bool) -> None:
         """Tell an in-doubt run whether its pending step's effect happened.
 

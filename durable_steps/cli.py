@@ -41,7 +41,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, NoReturn
 
 from . import _checkpoint as ckpt
-from . import _runner
+from . import _cli_worker, _runner
 from ._cli_format import (
     EPILOG,
     PROG,
@@ -455,6 +455,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     prune.add_argument("--workflow", "-w", type=_workflow_name, help="only runs of this workflow")
     prune.add_argument("--yes", "-y", action="store_true", help="really delete them")
+    _cli_worker.register(command)
     return parser
 
 

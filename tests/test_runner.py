@@ -726,7 +726,7 @@ def test_signed_pickle_refuses_tampering_and_unsigned(store: ds.Store, tmp_path:
         wf.run("r1", {"x": 1})
     data, version = store.get(key)  # type: ignore[misc]
     header, payload = ckpt.decode(data, where="t")
-    import cloudpickle  # noqa: PLC0415
+    import cloudpickle
 
     evil = payload[:32] + cloudpickle.dumps({"x": Evil()})
     store.put(key, ckpt.encode(header, evil), match=version)
@@ -943,7 +943,7 @@ def test_events_reach_subscribers_and_failures_are_isolated(
 )
 def test_errors_survive_pickling(error: ds.DurableStepsError) -> None:
     """Errors keep their message and structured fields through pickle."""
-    import pickle  # noqa: PLC0415
+    import pickle
 
     copy = pickle.loads(pickle.dumps(error))
     assert type(copy) is type(error)

@@ -18,8 +18,8 @@ from tests.conftest import StoreTarget
 
 def _race_in_child(target_url: str, env: dict[str, str], key: str, barrier_dir: str, n: int) -> str:
     """Child-process body of the cross-process create race."""
-    import os  # noqa: PLC0415
-    import time  # noqa: PLC0415
+    import os
+    import time
 
     os.environ.update(env)
     store = ds.open_store(target_url)

@@ -34,6 +34,7 @@ from ._protocol import ObjectInfo
 __all__ = ["LocalStore"]
 
 _TEMP_PREFIX = ".tmp-"
+_PATH_CACHE = 1024  # keys whose validated path is remembered
 
 
 def _version(st: os.stat_result) -> str:
@@ -45,21 +46,29 @@ class LocalStore:
 
     def __init__(self, root: str | os.PathLike[str]) -> None:
         self.root = Path(root).expanduser().absolute()
+        self._paths: dict[str, Path] = {}  # a run writes one key over and over
 
     def _path(self, key: str) -> Path:
+        path = self._paths.get(key)
+        if path is not None:
+            return path
         parts = key.split("/")
         if not key or any(p in ("", ".", "..") or p.startswith(".") for p in parts):
             raise StoreError(f"{self}: refusing unsafe key {key!r}")
-        return self.root.joinpath(*parts)
+        path = self.root.joinpath(*parts)
+        if len(self._paths) >= _PATH_CACHE:
+            self._paths.clear()
+        self._paths[key] = path
+        return path
 
     def get(self, key: str) -> tuple[bytes, str] | None:
         """Return ``(data, version)`` or ``None``."""
         path = self._path(key)
         try:
-            with open(path, "rb") as f:
+            with open(path, "rb", buffering=0) as f:
                 # fstat of the open file: the version of exactly the bytes read,
                 # even if a writer renames a new file over the path meanwhile.
-                return f.read(), _version(os.fstat(f.fileno()))
+                return f.readall(), _version(os.fstat(f.fileno()))
         except FileNotFoundError:
             return None
         except OSError as exc:
@@ -68,16 +77,19 @@ class LocalStore:
     def put(self, key: str, data: bytes, *, match: str | None = None) -> str:
         """Create-only (``match=None``) or compare-and-swap write."""
         path = self._path(key)
+        name = path.name
         try:
             with self._locked_dir(path.parent) as dir_fd:
-                current = _stat_or_none(path)
+                # Names relative to the locked directory's descriptor: no path
+                # walks, and every step acts on the directory we hold the lock of.
+                current = _stat_or_none(path, name, dir_fd)
                 if match is None and current is not None:
                     raise CheckpointConflict(f"{path} already exists; another writer created it")
                 if match is not None and (current is None or _version(current) != match):
                     raise CheckpointConflict(
                         f"{path} is not at version {match} any more; another writer changed it"
                     )
-                version = self._write_new(path, data, current)
+                version = self._write_new(dir_fd, name, data, current)
                 os.fsync(dir_fd)
                 return version
         except (CheckpointConflict, StoreError):
@@ -85,26 +97,34 @@ class LocalStore:
         except OSError as exc:
             raise StoreError(f"cannot write {path}: {exc}") from exc
 
-    def _write_new(self, path: Path, data: bytes, current: os.stat_result | None) -> str:
-        temp = path.with_name(f"{_TEMP_PREFIX}{path.name}-{secrets.token_hex(6)}")
-        fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    def _write_new(
+        self, dir_fd: int, name: str, data: bytes, current: os.stat_result | None
+    ) -> str:
+        """Write ``data`` to a temporary file in ``dir_fd``, stamp, fsync, rename over ``name``."""
+        temp = f"{_TEMP_PREFIX}{name}-{secrets.token_hex(6)}"
+        fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644, dir_fd=dir_fd)
         try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view) :]
+            written = os.write(fd, data)
+            if written < len(data):  # short write (huge objects): finish without copying
+                view = memoryview(data)[written:]
+                while view:
+                    view = view[os.write(fd, view) :]
             floor = current.st_mtime_ns if current is not None else 0
             stamp = max(time.time_ns(), floor + 1)
             os.utime(fd, ns=(stamp, stamp))
-            if os.fstat(fd).st_mtime_ns <= floor:  # a filesystem with coarse timestamps
-                os.utime(fd, ns=(floor + 1_000_000_000, floor + 1_000_000_000))
-            os.fsync(fd)
             st = os.fstat(fd)
-            if st.st_mtime_ns <= floor:
-                raise StoreError(f"{self.root}: this filesystem cannot order file versions")
-            os.replace(temp, path)
+            if st.st_mtime_ns <= floor:  # a filesystem with coarse timestamps
+                os.utime(fd, ns=(floor + 1_000_000_000, floor + 1_000_000_000))
+                st = os.fstat(fd)
+                if st.st_mtime_ns <= floor:
+                    raise StoreError(f"{self.root}: this filesystem cannot order file versions")
+            # fsync changes no attribute the version is made of, so ``st``
+            # (taken before it) is the version of what lands.
+            os.fsync(fd)
+            os.replace(temp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
         except BaseException:
             with contextlib.suppress(OSError):
-                os.unlink(temp)
+                os.unlink(temp, dir_fd=dir_fd)
             raise
         finally:
             os.close(fd)
@@ -114,10 +134,10 @@ class LocalStore:
     def _locked_dir(self, directory: Path) -> Iterator[int]:
         """Hold an exclusive flock on ``directory``, creating it if needed."""
         for _ in range(10):
-            directory.mkdir(parents=True, exist_ok=True)
             try:
-                fd = os.open(directory, os.O_RDONLY)
-            except FileNotFoundError:  # removed by a concurrent delete: make it again
+                fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+            except FileNotFoundError:  # first write here, or removed by a concurrent delete
+                directory.mkdir(parents=True, exist_ok=True)
                 continue
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX)
@@ -135,7 +155,7 @@ class LocalStore:
         try:
             with self._locked_dir(path.parent) as dir_fd:
                 with contextlib.suppress(FileNotFoundError):
-                    os.unlink(path)
+                    os.unlink(path.name, dir_fd=dir_fd)
                 os.fsync(dir_fd)
                 with contextlib.suppress(OSError):  # not empty, or already gone
                     os.rmdir(path.parent)
@@ -153,7 +173,7 @@ class LocalStore:
                 key = name if rel == "." else f"{rel}/{name}"
                 if name.startswith(".") or not key.startswith(prefix):
                     continue
-                st = _stat_or_none(Path(dirpath, name))
+                st = _stat_or_none(Path(dirpath, name), name, None)
                 if st is not None:
                     yield ObjectInfo(key, _version(st), st.st_size, st.st_mtime_ns / 1e9)
 
@@ -164,9 +184,10 @@ class LocalStore:
         return f"LocalStore({str(self.root)!r})"
 
 
-def _stat_or_none(path: Path) -> os.stat_result | None:
+def _stat_or_none(path: Path, name: str, dir_fd: int | None) -> os.stat_result | None:
+    """Stat ``name`` in ``dir_fd`` (or ``path`` when ``dir_fd`` is None); None if missing."""
     try:
-        return os.stat(path)
+        return os.stat(name if dir_fd is not None else path, dir_fd=dir_fd)
     except FileNotFoundError:
         return None
     except NotADirectoryError as exc:

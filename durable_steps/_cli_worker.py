@@ -1,0 +1,84 @@
+"""``durable-steps worker``: resume a workflow's runs from the command line."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import os
+import sys
+from collections.abc import Callable
+from typing import Any
+
+from ._workflow import Workflow
+from .errors import DefinitionError
+from .stores import Store
+from .worker import Worker, install_signal_handlers
+
+__all__ = ["register"]
+
+DESCRIPTION = (
+    "Resume the unfinished runs of one workflow: find runs nobody is running (never "
+    "claimed, released, or whose owner's lease ended or whose process on this host is "
+    "gone), claim each with a conditional write, run it to the end, repeat. Start as "
+    "many workers on as many machines as you like on one store. SIGTERM (or Ctrl-C) "
+    "finishes the current steps and releases their runs; a second one exits at once. "
+    "Enqueue runs from Python with wf.submit(run_id, state). Exit status 0, or 1 if a "
+    "run raised an unexpected error."
+)
+
+
+def _load_app(spec: str) -> Workflow:
+    """Import ``module:attribute`` (from the current directory too) as a Workflow."""
+    module_name, _, attribute = spec.partition(":")
+    if not module_name or not attribute:
+        raise DefinitionError(f"--app {spec!r}: use module:attribute, e.g. myagent:workflow")
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        target: Any = importlib.import_module(module_name)
+        for part in attribute.split("."):
+            target = getattr(target, part)
+    except (ImportError, AttributeError) as exc:
+        raise DefinitionError(f"--app {spec!r}: cannot load it ({exc})") from exc
+    if not isinstance(target, Workflow):
+        raise DefinitionError(f"--app {spec!r} is a {type(target).__name__}, not a Workflow")
+    return target
+
+
+def _cmd_worker(args: argparse.Namespace, store: Store, _style: object) -> int:
+    workflow = _load_app(args.app)
+    if args.store:  # an explicit --store wins over the one the app configured
+        workflow.store = store
+    if not args.debug:
+        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+    worker = Worker(
+        workflow, concurrency=args.concurrency, poll=args.poll, retry_failed=args.retry_failed
+    )
+    install_signal_handlers(worker, lambda text: print(f"worker: {text}", file=sys.stderr))
+    report = worker.run(until_idle=args.until_idle)
+    counts = ", ".join(f"{len(v)} {k.replace('_', '-')}" for k, v in vars(report).items())
+    print(f"worker {workflow.name}: {counts}")
+    return 1 if report.errors else 0
+
+
+def register(command: Callable[..., Any]) -> None:
+    """Add the ``worker`` subcommand through cli.build_parser's ``command`` factory."""
+    sub = command("worker", _cmd_worker, "resume a workflow's unfinished runs", DESCRIPTION)
+    sub.add_argument(
+        "--app",
+        required=True,
+        metavar="MODULE:WORKFLOW",
+        help="where the Workflow object is, e.g. myagent:workflow (imported from the "
+        "current directory too)",
+    )
+    sub.add_argument("--concurrency", "-c", type=int, default=4, help="runs at once (4)")
+    sub.add_argument("--poll", type=float, default=2.0, help="seconds between scans when idle (2)")
+    sub.add_argument(
+        "--until-idle",
+        action="store_true",
+        help="exit once no run can be claimed, instead of waiting for more",
+    )
+    sub.add_argument(
+        "--retry-failed", action="store_true", help="also resume runs whose step failed"
+    )

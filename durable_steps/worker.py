@@ -1,0 +1,218 @@
+"""Resume worker: many runs, many machines, the bucket as the only coordinator.
+
+A :class:`Worker` finds the unfinished runs of one workflow that nobody is
+running — never claimed, released by a worker that stopped, or whose owner's
+lease ended (or, on this host, whose owner process is gone) — claims each
+with a conditional write, resumes it, and repeats. Any number of workers on
+any number of machines can share one store prefix:
+
+* **Claiming is a compare-and-swap.** Two workers that pick the same run
+  both read it, both try to write their claim against the version they read;
+  the store lets exactly one through. The other gets ``CheckpointConflict``
+  (or ``RunLocked`` if it read after the claim) and moves on.
+* **Fencing stays.** A worker that stalls past its lease (a long GC pause, a
+  frozen VM) and wakes after another took its run over fails its next write
+  and stops that run; its heartbeat stops too.
+* **Scanning is cheap.** Each scan is one LIST of ``<workflow>/``; a run is
+  read (GET) only when its version changed since the worker last saw it, so
+  10,000 completed runs cost one LIST per scan, not 10,000 GETs. A lease that
+  ends is noticed from the remembered header, without reading it again.
+* **Graceful stop.** :meth:`Worker.stop` (``SIGTERM`` for the command line)
+  lets every run finish the step it is in, commit it, and release its lease,
+  so another worker can pick the run up at once.
+
+Enqueue runs with :meth:`Workflow.submit` (creates the run without running
+it) and start workers with ``durable-steps worker --app module:workflow``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from . import _checkpoint as ckpt
+from ._drivers import drive_async, drive_sync
+from ._events import logger
+from ._lease import is_live
+from ._runner import Released, execute
+from .errors import (
+    CheckpointConflict,
+    CorruptCheckpoint,
+    DefinitionError,
+    RunLocked,
+    StepFailed,
+    StepInDoubt,
+)
+
+if TYPE_CHECKING:
+    from ._workflow import Workflow
+
+__all__ = ["Worker", "WorkerReport"]
+
+
+@dataclass
+class WorkerReport:
+    """What a worker did, by run id."""
+
+    completed: list[str] = field(default_factory=list)
+    failed: list[str] = field(default_factory=list)
+    """Runs whose step used up its retries (resume them after a fix)."""
+    in_doubt: list[str] = field(default_factory=list)
+    """Runs waiting for ``durable-steps resolve``."""
+    released: list[str] = field(default_factory=list)
+    """Runs handed back unfinished because the worker was stopped."""
+    lost: list[str] = field(default_factory=list)
+    """Runs another worker claimed first (or took over)."""
+    errors: list[str] = field(default_factory=list)
+    """Runs that raised anything else (logged with a traceback)."""
+
+
+@dataclass
+class _Seen:
+    version: str
+    status: str
+    owner: dict[str, Any] | None
+
+
+class Worker:
+    """Resumes the unfinished, unowned runs of ``workflow``, ``concurrency`` at a time.
+
+    ``poll`` is the pause (seconds) between scans when there is nothing to
+    do. ``retry_failed=True`` also resumes runs whose step failed (by default
+    they wait for a person: the cause is usually a bug). Runs in doubt are
+    never picked up: they wait for ``resolve``.
+    """
+
+    def __init__(
+        self,
+        workflow: Workflow,
+        *,
+        concurrency: int = 4,
+        poll: float = 2.0,
+        retry_failed: bool = False,
+    ) -> None:
+        if concurrency < 1:
+            raise DefinitionError(f"concurrency must be >= 1, not {concurrency!r}")
+        self.workflow = workflow
+        self.concurrency = concurrency
+        self.poll = poll
+        self.statuses = ("running", "failed") if retry_failed else ("running",)
+        self._stopping = threading.Event()
+        self._seen: dict[str, _Seen] = {}
+        self._prefix = f"{workflow.name}/"
+        self._suffix = f"/{ckpt.CHECKPOINT_OBJECT}"
+
+    def stop(self) -> None:
+        """Finish the current steps, release their runs, then return from :meth:`run`."""
+        self._stopping.set()
+
+    @property
+    def stopping(self) -> bool:
+        """Whether :meth:`stop` was called."""
+        return self._stopping.is_set()
+
+    def run(self, *, until_idle: bool = False) -> WorkerReport:
+        """Work until stopped (or, with ``until_idle``, until no run is claimable)."""
+        report = WorkerReport()
+        active: dict[Future[str], str] = {}
+        with ThreadPoolExecutor(self.concurrency, thread_name_prefix="durable-steps") as pool:
+            while True:
+                free = self.concurrency - len(active)
+                if free and not self.stopping:
+                    for run_id in self.claimable(limit=free, exclude=set(active.values())):
+                        active[pool.submit(self._resume, run_id)] = run_id
+                if not active and (self.stopping or until_idle):
+                    return report
+                if not active:
+                    self._stopping.wait(self.poll)
+                    continue
+                done, _ = wait(active, timeout=self.poll, return_when=FIRST_COMPLETED)
+                for future in done:
+                    outcome = future.result()
+                    getattr(report, outcome).append(active.pop(future))
+
+    def claimable(
+        self, *, limit: int | None = None, exclude: set[str] | frozenset[str] = frozenset()
+    ) -> list[str]:
+        """Up to ``limit`` run ids that nobody runs now.
+
+        One LIST; a GET only for a run whose version changed since this
+        worker last read it, and none once ``limit`` runs are found (the rest
+        are read by a later scan).
+        """
+        store = self.workflow.store
+        now = time.time()
+        found: list[str] = []
+        for info in store.list(self._prefix):
+            if limit is not None and len(found) >= limit:
+                break
+            run_id = info.key[len(self._prefix) : -len(self._suffix)]
+            if not info.key.endswith(self._suffix) or "/" in run_id or run_id in exclude:
+                continue
+            seen = self._seen.get(info.key)
+            if seen is None or seen.version != info.version:
+                seen = self._read(info.key)
+                if seen is None:
+                    continue
+            if seen.status in self.statuses and not is_live(seen.owner, now=now):
+                found.append(run_id)
+        return found
+
+    def _read(self, key: str) -> _Seen | None:
+        got = self.workflow.store.get(key)
+        if got is None:
+            self._seen.pop(key, None)
+            return None
+        try:
+            header, _ = ckpt.decode(got[0], where=f"checkpoint {key!r}")
+        except CorruptCheckpoint as exc:
+            logger.warning("worker: skipping %s", exc)
+            seen = _Seen(got[1], "corrupt", None)
+        else:
+            seen = _Seen(got[1], header.status, header.owner)
+        self._seen[key] = seen
+        return seen
+
+    def _resume(self, run_id: str) -> str:
+        """Resume one run in this thread; return the WorkerReport field it belongs to."""
+        wf = self.workflow
+        plan = wf._plan(run_id, asynchronous=True, stop=self._stopping)
+        outcomes: list[tuple[type[BaseException], str]] = [
+            (Released, "released"),
+            (StepFailed, "failed"),
+            (StepInDoubt, "in_doubt"),
+            (CheckpointConflict, "lost"),
+            (RunLocked, "lost"),
+        ]
+        try:
+            if any(s.is_async for s in wf.steps):
+                asyncio.run(drive_async(execute(plan, run_id, None), wf.store))
+            else:
+                drive_sync(execute(plan, run_id, None), wf.store)
+        except Exception as exc:
+            for kind, name in outcomes:
+                if isinstance(exc, kind):
+                    logger.info("worker: run %s/%s %s: %s", wf.name, run_id, name, exc)
+                    return name
+            logger.exception("worker: run %s/%s raised", wf.name, run_id)
+            return "errors"
+        return "completed"
+
+
+def install_signal_handlers(worker: Worker, log: Callable[[str], object]) -> None:
+    """SIGTERM/SIGINT: stop gracefully; a second one exits at once."""
+    import signal
+
+    def graceful(signum: int, _frame: object) -> None:
+        log(f"{signal.Signals(signum).name}: finishing current steps, then stopping")
+        worker.stop()
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+    signal.signal(signal.SIGTERM, graceful)
+    signal.signal(signal.SIGINT, graceful)

@@ -1,0 +1,399 @@
+"""Run ownership, leases, fencing and the resume worker — with real processes.
+
+The fleet test runs four ``durable-steps worker`` processes on a real S3
+server, SIGKILLs them at random while they work, restarts them, and checks
+that every run completed exactly once with one key per payment.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import random
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections import defaultdict
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import durable_steps as ds
+from durable_steps import _checkpoint as ckpt
+from tests import workerapp
+from tests.conftest import StoreTarget
+
+ROOT = Path(__file__).resolve().parent.parent
+DONE = {"fetched": 2, "charged": 2, "passes": 2}
+COMMITS = 3 * workerapp.PASSES
+
+
+def fleet(store: ds.Store, lease: float = 60.0) -> ds.Workflow:
+    """The workerapp workflow on ``store``."""
+    return ds.Workflow(
+        "fleet",
+        steps=workerapp.workflow.steps,
+        store=store,
+        until=workerapp.workflow.until,
+        lease=lease,
+    )
+
+
+def header(store: ds.Store, run_id: str) -> ckpt.Checkpoint:
+    found = store.get(ckpt.checkpoint_key("fleet", run_id))
+    assert found is not None
+    return ckpt.decode(found[0], where=run_id)[0]
+
+
+@pytest.fixture
+def files(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, Path]:
+    """The ledger and step log, for this process and its children."""
+    paths = {"ledger": tmp_path / "ledger.txt", "log": tmp_path / "steps.txt"}
+    monkeypatch.setenv("WORKERAPP_LEDGER", str(paths["ledger"]))
+    monkeypatch.setenv("WORKERAPP_LOG", str(paths["log"]))
+    monkeypatch.delenv("WORKERAPP_STEP_SECONDS", raising=False)
+    return paths
+
+
+def lines(path: Path) -> list[list[str]]:
+    return [line.split() for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def check_ledger(path: Path, runs: list[str], max_duplicates: int) -> None:
+    """Each (run, pass) paid with one key, distinct from all others; duplicates bounded."""
+    keys: dict[tuple[str, str], list[str]] = defaultdict(list)
+    for run_id, iteration, key in lines(path):
+        keys[(run_id, iteration)].append(key)
+    assert set(keys) == {(r, str(i)) for r in runs for i in range(workerapp.PASSES)}
+    for point, seen in keys.items():
+        assert len(set(seen)) == 1, f"{point} paid with different keys: {seen}"
+    assert len({seen[0] for seen in keys.values()}) == len(keys)
+    assert sum(len(seen) - 1 for seen in keys.values()) <= max_duplicates
+
+
+class Child:
+    """``python -m tests.workerapp RUN`` (or any args) on a target, in its own process group."""
+
+    def __init__(self, target: StoreTarget, *args: str, **env: str) -> None:
+        child_env = {**target.child_env(), "DURABLE_STEPS_STORE": target.url, **env}
+        self.proc = subprocess.Popen(
+            [sys.executable, *args],
+            cwd=ROOT,
+            env=child_env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+        )
+
+    def signal(self, sig: int) -> None:
+        os.killpg(self.proc.pid, sig)
+
+    def wait(self, timeout: float = 60) -> tuple[int, str]:
+        _, err = self.proc.communicate(timeout=timeout)
+        return self.proc.returncode, err
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.signal(signal.SIGKILL)
+        self.proc.communicate()
+
+
+@pytest.fixture
+def children() -> Iterator[list[Child]]:
+    """Children started by a test; none survives it."""
+    made: list[Child] = []
+    yield made
+    for child in made:
+        with contextlib.suppress(ProcessLookupError):
+            child.kill()
+
+
+def wait_for(predicate: Any, timeout: float = 30.0, what: str = "condition") -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.02)
+
+
+def started(log: Path, step: str, run_id: str) -> bool:
+    return any(e[0] == step and e[1] == run_id for e in lines(log))
+
+
+# --- the Python API -------------------------------------------------------------------
+
+
+def test_worker_completes_submitted_runs(
+    durable_target: StoreTarget, files: dict[str, Path]
+) -> None:
+    """A worker claims every submitted run and runs it to completion, one key per payment."""
+    store = durable_target.open()
+    wf = fleet(store)
+    runs = [f"r{i}" for i in range(10)]
+    assert all(wf.submit(r, workerapp.initial_state()) for r in runs)
+    assert not wf.submit("r0", {**workerapp.initial_state(), "fetched": 99}), "never overwrites"
+    assert header(store, "r0").owner is None
+    report = ds.Worker(wf, concurrency=3).run(until_idle=True)
+    assert sorted(report.completed) == runs
+    for r in runs:
+        h = header(store, r)
+        assert (h.status, h.committed, h.owner) == ("completed", COMMITS, None)
+        assert wf.run(r) == DONE
+    check_ledger(files["ledger"], runs, max_duplicates=0)
+
+
+class CountingStore:
+    """Counts the calls a worker makes."""
+
+    def __init__(self, inner: ds.Store) -> None:
+        self.inner = inner
+        self.calls: dict[str, int] = defaultdict(int)
+
+    def __getattr__(self, name: str) -> Any:
+        self.calls[name] += 1
+        return getattr(self.inner, name)
+
+
+def test_scan_reads_only_changed_runs(files: dict[str, Path]) -> None:
+    """A scan is one LIST; unchanged runs are not read again, changed ones are."""
+    counting = CountingStore(ds.MemoryStore())
+    wf = fleet(counting)  # type: ignore[arg-type]
+    for i in range(30):
+        wf.submit(f"r{i}", workerapp.initial_state())
+    worker = ds.Worker(wf)
+    counting.calls.clear()
+    assert len(worker.claimable()) == 30
+    assert dict(counting.calls) == {"list": 1, "get": 30}
+    counting.calls.clear()
+    assert len(worker.claimable()) == 30
+    assert dict(counting.calls) == {"list": 1}
+    wf.run("r7")
+    counting.calls.clear()
+    assert "r7" not in worker.claimable()
+    assert dict(counting.calls) == {"list": 1, "get": 1}
+
+
+def test_worker_leaves_failed_in_doubt_and_live_runs(files: dict[str, Path]) -> None:
+    """Failed runs (unless retry_failed), in-doubt runs and runs with a live owner are skipped."""
+    store = ds.MemoryStore()
+    broken = ds.Workflow("fleet", steps=[ds.step(lambda s: 1 / 0, name="fetch")], store=store)
+    with pytest.raises(ds.StepFailed):
+        broken.run("failed", {})
+    wf = fleet(store)
+    wf.submit("fresh", workerapp.initial_state())
+    live = {
+        "workflow": "fleet",
+        "run_id": "live",
+        "steps": [s.name for s in wf.steps],
+        "serializer": "json",
+    }
+    owner = {"host": "elsewhere", "pid": 1, "token": "t", "until": time.time() + 60}
+    store.put(
+        ckpt.checkpoint_key("fleet", "live"),
+        ckpt.encode(ckpt.Checkpoint(**{**live, "steps": tuple(live["steps"])}, owner=owner), b"{}"),
+    )
+    assert ds.Worker(wf).claimable() == ["fresh"]
+    assert sorted(ds.Worker(wf, retry_failed=True).claimable()) == ["failed", "fresh"]
+    with pytest.raises(ds.RunLocked, match="elsewhere:1"):
+        wf.run("live")
+
+
+def test_graceful_stop_finishes_step_and_releases(files: dict[str, Path]) -> None:
+    """stop() lets the current step commit, releases the run, and another worker resumes it."""
+    store = ds.MemoryStore()
+    entered, proceed = threading.Event(), threading.Event()
+
+    def slow(state: dict[str, Any]) -> None:
+        entered.set()
+        proceed.wait(10)
+        state["slow"] = True
+
+    steps = [ds.step(slow, name="slow"), ds.step(lambda s: s.update(after=True), name="after")]
+    wf = ds.Workflow("fleet", steps=steps, store=store)
+    wf.submit("r1", {})
+    worker = ds.Worker(wf)
+    reports: list[ds.WorkerReport] = []
+    thread = threading.Thread(target=lambda: reports.append(worker.run()))
+    thread.start()
+    assert entered.wait(10)
+    worker.stop()
+    proceed.set()
+    thread.join(10)
+    assert reports[0].released == ["r1"]
+    h = header(store, "r1")
+    assert (h.status, h.next_step, h.owner) == ("running", 1, None)
+    assert ds.Worker(wf).run(until_idle=True).completed == ["r1"]
+    assert wf.run("r1") == {"slow": True, "after": True}
+
+
+# --- leases across processes ---------------------------------------------------------------
+
+
+def test_live_owner_is_locked_out_while_heartbeat_renews(
+    durable_target: StoreTarget, files: dict[str, Path], children: list[Child]
+) -> None:
+    """A run in a long step stays owned past its first lease (heartbeat): others get RunLocked."""
+    child = Child(
+        durable_target,
+        "-m",
+        "tests.workerapp",
+        "r1",
+        WORKERAPP_STEP_SECONDS="4",
+        WORKERAPP_LEASE="1.0",
+    )
+    children.append(child)
+    wait_for(lambda: started(files["log"], "fetch", "r1"), what="the child's step")
+    time.sleep(1.5)  # past the lease the step started with: only heartbeats keep it
+    wf = fleet(durable_target.open())
+    with pytest.raises(ds.RunLocked, match=rf":{child.proc.pid} \(lease ends in"):
+        wf.run("r1")
+    renewed = header(wf.store, "r1")
+    assert renewed.owner is not None
+    assert renewed.owner["until"] > time.time()
+    assert renewed.next_step == 0  # no commit renewed it: the heartbeat did
+
+
+def test_same_host_takeover_after_sigkill_needs_no_wait(
+    durable_target: StoreTarget, files: dict[str, Path], children: list[Child]
+) -> None:
+    """After its owner is SIGKILLed, a run is taken over at once on the same host, 10-minute lease or not."""
+    child = Child(
+        durable_target,
+        "-m",
+        "tests.workerapp",
+        "r1",
+        WORKERAPP_STEP_SECONDS="30",
+        WORKERAPP_LEASE="600",
+    )
+    children.append(child)
+    wait_for(lambda: started(files["log"], "fetch", "r1"), what="the child's step")
+    child.signal(signal.SIGKILL)
+    child.wait()
+    wf = fleet(durable_target.open())
+    assert header(wf.store, "r1").owner is not None  # the dead owner's lease is still on record
+    began = time.monotonic()
+    assert wf.run("r1") == DONE
+    assert time.monotonic() - began < 10
+
+
+def test_paused_owner_is_fenced_after_takeover(
+    durable_target: StoreTarget, files: dict[str, Path], children: list[Child]
+) -> None:
+    """A holder paused (SIGSTOP) past its lease is taken over; on SIGCONT it is fenced and stops."""
+    child = Child(
+        durable_target,
+        "-m",
+        "tests.workerapp",
+        "r1",
+        WORKERAPP_STEP_SECONDS="2",
+        WORKERAPP_LEASE="1.0",
+    )
+    children.append(child)
+    wait_for(lambda: started(files["log"], "fetch", "r1"), what="the child's step")
+    child.signal(signal.SIGSTOP)
+    time.sleep(1.6)  # its lease runs out while it cannot renew
+    wf = fleet(durable_target.open(), lease=30)
+    assert wf.run("r1") == DONE  # the taker finishes the run
+    taken = header(wf.store, "r1")
+    child.signal(signal.SIGCONT)
+    code, err = child.wait()
+    assert code == 3, err  # CheckpointConflict: fenced, stopped
+    assert "another process changed its checkpoint" in err
+    after = header(wf.store, "r1")
+    assert after == taken, "the straggler clobbered nothing"
+    child_pid = str(child.proc.pid)
+    assert [e[0] for e in lines(files["log"]) if e[3] == child_pid] == ["fetch"]
+
+
+# --- the fleet --------------------------------------------------------------------------
+
+
+def _start_worker(target: StoreTarget, children: list[Child]) -> Child:
+    child = Child(
+        target,
+        "-m",
+        "durable_steps",
+        "worker",
+        "--app",
+        "tests.workerapp:workflow",
+        "--concurrency",
+        "3",
+        "--poll",
+        "0.2",
+        WORKERAPP_STEP_SECONDS="0.01",
+    )
+    children.append(child)
+    return child
+
+
+@pytest.mark.parametrize(
+    "durable_target", [pytest.param("moto", marks=pytest.mark.s3)], indirect=True
+)
+def test_fleet_of_workers_survives_random_kills(
+    durable_target: StoreTarget, files: dict[str, Path], children: list[Child]
+) -> None:
+    """4 workers, 200 runs, random SIGKILLs and restarts: every run completes exactly once."""
+    store = durable_target.open()
+    wf = fleet(store)
+    runs = [f"r{i:03d}" for i in range(200)]
+    for r in runs:
+        wf.submit(r, workerapp.initial_state())
+    workers = [_start_worker(durable_target, children) for _ in range(4)]
+    rng = random.Random(1234)
+    kills = 0
+    checker = ds.Worker(wf)  # its scan cache makes polling for completion cheap
+    done: set[str] = set()
+    deadline = time.monotonic() + 150
+    while len(done) < len(runs):
+        assert time.monotonic() < deadline, f"only {len(done)} of {len(runs)} runs completed"
+        time.sleep(rng.uniform(0.3, 0.7))
+        if kills < 12:
+            victim = rng.randrange(len(workers))
+            workers[victim].signal(signal.SIGKILL)
+            workers[victim].wait()
+            kills += 1
+            workers[victim] = _start_worker(durable_target, children)
+        checker.claimable()
+        done = {k.split("/")[1] for k, s in checker._seen.items() if s.status == "completed"}
+    for w in workers:
+        w.signal(signal.SIGTERM)
+    for w in workers:
+        code, err = w.wait()
+        assert code == 0, err
+    for r in runs:
+        h = header(store, r)
+        assert (h.status, h.committed, h.owner) == ("completed", COMMITS, None), r
+        assert store.get(ckpt.checkpoint_key("fleet", r)) is not None
+        assert wf.run(r) == DONE
+    check_ledger(files["ledger"], runs, max_duplicates=kills)
+
+
+def test_cli_worker_sigterm_releases_run(
+    durable_target: StoreTarget, files: dict[str, Path], children: list[Child]
+) -> None:
+    """`durable-steps worker` on SIGTERM finishes the step, releases the run and exits 0."""
+    wf = fleet(durable_target.open())
+    wf.submit("r1", workerapp.initial_state())
+    child = Child(
+        durable_target,
+        "-m",
+        "durable_steps",
+        "worker",
+        "--app",
+        "tests.workerapp:workflow",
+        WORKERAPP_STEP_SECONDS="1.5",
+    )
+    children.append(child)
+    wait_for(lambda: started(files["log"], "fetch", "r1"), what="the worker's step")
+    child.signal(signal.SIGTERM)
+    code, err = child.wait(timeout=30)
+    assert code == 0, err
+    assert "finishing current steps" in err
+    h = header(wf.store, "r1")
+    assert (h.status, h.next_step, h.owner) == ("running", 1, None)
+    assert ds.Worker(wf).claimable() == ["r1"]
