@@ -143,3 +143,34 @@ def test_s3_agent_refuses_a_non_s3_store(tmp_path: Path) -> None:
     assert done.returncode == 1
     assert "DURABLE_STEPS_STORE must be an s3://bucket/prefix URL" in done.stderr
     assert not (tmp_path / "ckpt").exists()
+
+
+def test_payment_example_in_doubt_then_resolved(tmp_path: Path) -> None:
+    """payment.py: crash after the charge, StepInDoubt, resolve --fired, done; one charge."""
+    script = str(EXAMPLES / "payment.py")
+    env = {k: v for k, v in os.environ.items() if k != "DURABLE_STEPS_STORE"}
+
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, *args],
+            check=False,
+            cwd=tmp_path,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+
+    crashed = run(script, "order-17", "--crash")
+    assert crashed.returncode == -signal.SIGKILL
+    assert crashed.stdout.count("charging 4200") == 1
+    asked = run(script, "order-17")
+    assert asked.returncode == 3
+    assert "may have fired" in asked.stderr
+    assert "charging" not in asked.stdout
+    resolved = run("-m", "durable_steps", "resolve", "pay/order-17", "--fired")
+    assert resolved.returncode == 0, resolved.stderr
+    done = run(script, "order-17")
+    assert done.returncode == 0, done.stderr
+    assert "charging" not in done.stdout
+    assert "'receipt': 'sent'" in done.stdout

@@ -341,7 +341,7 @@ def test_reconcile_false_refires_from_committed_state(store: ds.Store, run: Runn
 
 
 def test_in_doubt_raise_then_resolve_fired(store: ds.Store, run: Runner) -> None:
-    """in_doubt='raise' stops with StepInDoubt; resolve(fired=True) lets the run go on without it."""
+    """in_doubt='raise' stops with StepInDoubt; resolve(fired=True) lets the run go on."""
     wf = ds.Workflow("ask", store=store)
     rec = _crash_once_inside(wf, run=run, in_doubt="raise")
     with pytest.raises(ds.StepInDoubt) as raised:
@@ -477,7 +477,7 @@ def test_retry_starts_from_committed_state(store: ds.Store, run: Runner) -> None
 
 
 def test_step_failed_records_error_and_resumes_there(store: ds.Store, run: Runner) -> None:
-    """Used-up retries raise StepFailed (cause kept), record the failure, and resume at that step."""
+    """Used-up retries raise StepFailed (cause kept), record the failure, resume there."""
     calls: list[str] = []
     broken = {"on": True}
     wf = ds.Workflow("fail", store=store)
@@ -667,7 +667,7 @@ def test_unserializable_initial_state(store: ds.Store) -> None:
 def test_corrupt_checkpoint_is_refused_untouched(
     store: ds.Store, mangle: Callable[[bytes], bytes], message: str
 ) -> None:
-    """Corrupt, truncated, damaged, empty or newer checkpoints raise CorruptCheckpoint; none is overwritten."""
+    """Corrupt, truncated, empty or newer checkpoints raise CorruptCheckpoint, untouched."""
     wf = ds.Workflow("corrupt", store=store)
     wf.step(name="one")(lambda s: s.update(n=1))
     wf.step(name="two")(lambda s: (_ for _ in ()).throw(RuntimeError("stop here")))

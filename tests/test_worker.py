@@ -261,7 +261,7 @@ def test_live_owner_is_locked_out_while_heartbeat_renews(
 def test_same_host_takeover_after_sigkill_needs_no_wait(
     durable_target: StoreTarget, files: dict[str, Path], children: list[Child]
 ) -> None:
-    """After its owner is SIGKILLed, a run is taken over at once on the same host, 10-minute lease or not."""
+    """A SIGKILLed owner's run is taken over at once on the same host, despite a long lease."""
     child = Child(
         durable_target,
         "-m",
