@@ -2,10 +2,11 @@
 
 One generator, :func:`execute`, holds the whole protocol. It never does I/O
 itself: it *yields* effects (:class:`Get`, :class:`Put`, :class:`Delete`,
-:class:`Call`, :class:`Sleep`) and is sent their results (or has their
-exceptions thrown in). :func:`drive_sync` and :func:`drive_async` perform the
-effects — directly, or with ``await`` and ``asyncio.to_thread`` — so ``run``
-and ``arun`` share every line of the protocol and cannot drift apart.
+:class:`Call`, :class:`Sleep`, in ``_drivers``) and is sent their results (or
+has their exceptions thrown in). ``drive_sync`` and ``drive_async`` perform
+the effects — directly, or with ``await`` and ``asyncio.to_thread`` — so
+``run`` and ``arun`` share every line of the protocol and cannot drift apart.
+:class:`~durable_steps._run.RunState` makes every write.
 
 The write protocol of one step, where ``V`` is the version (ETag) this
 process last read or wrote::
@@ -16,162 +17,51 @@ process last read or wrote::
     PUT header{cursor+1, intent: null} + new payload If-Match: V' → V''
         (the last step's commit also carries status "completed")
 
-The first write of a run is create-only (``If-None-Match: *``). A refused
-condition means another process took the run: :class:`CheckpointConflict`,
-and nothing further runs. A crash anywhere leaves either the previous commit
+The first write of a run is create-only (``If-None-Match: *``); a resume
+first writes a *claim* (the same checkpoint, owned by this process), which
+fences off any earlier owner. A refused condition means another process took
+the run: :class:`CheckpointConflict`, and nothing further runs. While one step
+runs longer than a third of the lease, a heartbeat renews the lease with the
+same compare-and-swap writes. A crash anywhere leaves either the previous commit
 (the step runs again) or the intent (the step *may* have fired: re-fire with
 the same key, reconcile, or stop, per the step's ``in_doubt`` policy).
 """
 
 from __future__ import annotations
 
-import threading
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 import tenacity
 
 from . import _checkpoint as ckpt
-from ._drivers import Call, Delete, Get, Protocol, Put, Sleep
-from ._events import Event, EventKind, Subscriber, emit, logger
-from ._lease import Heartbeat, Owner, describe, is_live
+from ._drivers import Call, Delete, Get, Protocol, Sleep
+from ._events import logger
+from ._lease import describe, is_live
+from ._run import Plan, Released, RunState
 from ._step import Context, Step
 from .errors import (
     CheckpointConflict,
     CorruptCheckpoint,
     DurableStepsError,
     RunLocked,
-    SerializationError,
     StepFailed,
     StepInDoubt,
     WorkflowChanged,
 )
 
 if TYPE_CHECKING:
-    from .serializers import Serializer
     from .stores import Store
 
-__all__ = ["Plan", "Released", "execute", "resolve", "submit"]
+__all__ = ["execute", "resolve", "submit"]
 
 
 # --- the protocol -------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class Plan:
-    """What a run needs from its workflow (kept apart so the runner never
-    reaches back into ``Workflow``).
-    """
-
-    workflow: str
-    steps: Sequence[Step[..., Any]]
-    serializer: Serializer
-    until: Callable[[Any], bool] | None
-    on_complete: str
-    subscribers: Sequence[Subscriber]
-    store: Store
-    lease: float
-    takeover: bool = False
-    stop: threading.Event | None = None
-    """Set by a worker to stop the run after its current step (see Released)."""
-
-
-class Released(Exception):
-    """The run stopped after a commit because ``Plan.stop`` was set, and its
-    lease was released so another process can resume it at once.
-    """
-
-
-class _Run:
-    """The mutable state of one execution: the committed payload, its
-    version, the header, and the live state object.
-    """
-
-    def __init__(self, plan: Plan, run_id: str) -> None:
-        self.plan = plan
-        self.run_id = run_id
-        self.name = f"{plan.workflow}/{run_id}"
-        self.key = ckpt.checkpoint_key(plan.workflow, run_id)
-        self.version: str | None = None
-        self.header: ckpt.Checkpoint
-        self.payload: bytes = b""
-        self.state: Any = None
-        self.owner = Owner(plan.lease)
-
-    def event(self, kind: EventKind, **fields: Any) -> None:
-        if self.plan.subscribers:
-            emit(self.plan.subscribers, Event(kind, self.plan.workflow, self.run_id, **fields))
-
-    def encode_state(self, step: str | None) -> bytes:
-        try:
-            return self.plan.serializer.dumps(self.state)
-        except SerializationError as exc:
-            where = f" after step {step!r}" if step else ""
-            raise SerializationError(
-                f"run {self.name}: cannot save the state{where}: {exc.message} "
-                "The last good checkpoint is kept; the step will run again on resume.",
-                run=self.name,
-                step=step,
-                path=exc.path,
-            ) from exc
-
-    def decode_state(self, payload: bytes) -> Any:
-        try:
-            return self.plan.serializer.loads(payload)
-        except CorruptCheckpoint as exc:
-            raise CorruptCheckpoint(
-                f"run {self.name}: the checkpoint at {self.key!r} cannot be decoded: "
-                f"{exc.message} It was left untouched.",
-                run=self.name,
-            ) from exc
-
-    def stamp(self, header: ckpt.Checkpoint, *, release: bool = False) -> ckpt.Checkpoint:
-        """``header`` with this process as owner (lease renewed), or with no
-        owner once the run is over, stopped, or released.
-        """
-        keep = header.status == "running" and not release
-        return replace(header, owner=self.owner.record() if keep else None)
-
-    def write(
-        self, header: ckpt.Checkpoint, step: str | None, *, release: bool = False
-    ) -> Protocol[None]:
-        """Conditionally write ``header`` + the current payload."""
-        header = self.stamp(header, release=release)
-        data = ckpt.encode(header, self.payload)
-        try:
-            self.version = yield Put(self.key, data, self.version)
-        except CheckpointConflict as exc:
-            raise self.conflict(step) from exc
-        self.header = header
-
-    def conflict(self, step: str | None) -> CheckpointConflict:
-        at = f" at step {step!r}" if step else ""
-        return CheckpointConflict(
-            f"run {self.name}: another process changed its checkpoint{at}, so this "
-            "process stopped without overwriting it (its lease had run out and the run "
-            "was taken over, or it ran twice). Nothing further ran here; let the other "
-            "process finish.",
-            run=self.name,
-            step=step,
-        )
-
-    def heartbeat(self) -> Heartbeat:
-        """Renew the lease from a thread until stopped (see ``_lease``)."""
-
-        def renew() -> None:
-            header = self.stamp(self.header)
-            data = ckpt.encode(header, self.payload)
-            self.version = self.plan.store.put(self.key, data, match=self.version)
-            self.header = header
-
-        return Heartbeat(self.plan.lease / 3, renew, self.name)
-
-
 def execute(plan: Plan, run_id: str, initial: Any) -> Protocol[Any]:
     """The whole run protocol; returns the final state."""
-    run = _Run(plan, run_id)
+    run = RunState(plan, run_id)
     with run.owner.active():
         found = yield Get(run.key)
         if found is None:
@@ -197,7 +87,7 @@ def execute(plan: Plan, run_id: str, initial: Any) -> Protocol[Any]:
 
 def submit(plan: Plan, run_id: str, initial: Any) -> Protocol[bool]:
     """Create a run without running it (for workers); False if it exists."""
-    run = _Run(plan, run_id)
+    run = RunState(plan, run_id)
     try:
         yield from _create(run, initial, release=True)
     except CheckpointConflict:
@@ -205,7 +95,7 @@ def submit(plan: Plan, run_id: str, initial: Any) -> Protocol[bool]:
     return True
 
 
-def _create(run: _Run, initial: Any, *, release: bool = False) -> Protocol[None]:
+def _create(run: RunState, initial: Any, *, release: bool = False) -> Protocol[None]:
     plan = run.plan
     run.state = {} if initial is None else initial
     run.payload = run.encode_state(None)
@@ -222,7 +112,7 @@ def _create(run: _Run, initial: Any, *, release: bool = False) -> Protocol[None]
     run.event("run_started")
 
 
-def _load(run: _Run, data: bytes, version: str) -> None:
+def _load(run: RunState, data: bytes, version: str) -> None:
     plan = run.plan
     header, payload = ckpt.decode(
         data, where=f"run {run.name}: checkpoint {run.key!r}", run=run.name
@@ -294,7 +184,7 @@ def _check_steps(name: str, stored: tuple[str, ...], current: tuple[str, ...]) -
     )
 
 
-def _advance(run: _Run, step: Step[..., Any], index: int) -> Protocol[None]:
+def _advance(run: RunState, step: Step[..., Any], index: int) -> Protocol[None]:
     """Run one step and commit it: everything between a step's start and its
     checkpoint happens here.
     """
@@ -340,7 +230,7 @@ def _advance(run: _Run, step: Step[..., Any], index: int) -> Protocol[None]:
 
 
 def _settle_doubt(
-    run: _Run, step: Step[..., Any], ctx: Context, intent: dict[str, Any]
+    run: RunState, step: Step[..., Any], ctx: Context, intent: dict[str, Any]
 ) -> Protocol[bool]:
     """Decide an intent found without a commit. True: the effect happened."""
     run.event(
@@ -388,7 +278,9 @@ def _settle_doubt(
     return False
 
 
-def _fire(run: _Run, step: Step[..., Any], ctx: Context) -> Protocol[tuple[int, Exception | None]]:
+def _fire(
+    run: RunState, step: Step[..., Any], ctx: Context
+) -> Protocol[tuple[int, Exception | None]]:
     """Call the step until it succeeds or its retry policy gives up.
 
     Every attempt after the first starts from the committed payload, decoded
@@ -461,7 +353,7 @@ def _next_wait(
     return float(action) if isinstance(action, tenacity.DoSleep) else None
 
 
-def _give_up(run: _Run, step: Step[..., Any], ctx: Context, exc: Exception) -> Protocol[None]:
+def _give_up(run: RunState, step: Step[..., Any], ctx: Context, exc: Exception) -> Protocol[None]:
     """Record the failure in the checkpoint, then raise StepFailed."""
     error = {
         "step": step.name,
@@ -488,7 +380,7 @@ def _give_up(run: _Run, step: Step[..., Any], ctx: Context, exc: Exception) -> P
     ) from exc
 
 
-def _until(run: _Run, step: str | None) -> bool:
+def _until(run: RunState, step: str | None) -> bool:
     until = run.plan.until
     assert until is not None
     try:
@@ -504,7 +396,7 @@ def _until(run: _Run, step: str | None) -> bool:
 
 
 def _commit(
-    run: _Run, step: Step[..., Any], ctx: Context, attempts: int, seconds: float
+    run: RunState, step: Step[..., Any], ctx: Context, attempts: int, seconds: float
 ) -> Protocol[None]:
     """Write the checkpoint that says ``step`` happened."""
     header = run.header
@@ -539,7 +431,7 @@ def _commit(
     )
 
 
-def _finish(run: _Run) -> Protocol[Any]:
+def _finish(run: RunState) -> Protocol[Any]:
     if run.plan.on_complete == "delete":
         yield Delete(run.key)
     logger.info("run %s completed", run.name)

@@ -11,6 +11,7 @@ from . import _runner
 from ._checkpoint import validate_name
 from ._drivers import drive_async, drive_sync
 from ._events import Subscriber
+from ._run import Plan
 from ._step import InDoubt, Retry, Step
 from .errors import DefinitionError
 from .serializers import Serializer, resolve_serializer
@@ -146,7 +147,7 @@ class Workflow:
         asynchronous: bool,
         takeover: bool = False,
         stop: threading.Event | None = None,
-    ) -> _runner.Plan:
+    ) -> Plan:
         validate_name(run_id, "run id")
         if not self._steps:
             raise DefinitionError(f"workflow {self.name!r} has no steps; add some with @wf.step()")
@@ -157,7 +158,7 @@ class Workflow:
                         f"step {s.name!r} of workflow {self.name!r} is async: "
                         "run the workflow with `await wf.arun(...)`"
                     )
-        return _runner.Plan(
+        return Plan(
             self.name,
             self.steps,
             self.serializer,

@@ -39,7 +39,8 @@ from . import _checkpoint as ckpt
 from ._drivers import drive_async, drive_sync
 from ._events import logger
 from ._lease import is_live
-from ._runner import Released, execute
+from ._run import Released
+from ._runner import execute
 from .errors import (
     CheckpointConflict,
     CorruptCheckpoint,
