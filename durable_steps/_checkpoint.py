@@ -73,7 +73,7 @@ import re
 import secrets
 import time
 import zlib
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from .errors import CorruptCheckpoint, DefinitionError
@@ -90,7 +90,7 @@ __all__ = [
 ]
 
 FORMAT = 1
-HISTORY_LIMIT = 20
+HISTORY_LIMIT = 10
 Status = Literal["running", "failed", "in_doubt", "completed"]
 _STATUSES = ("running", "failed", "in_doubt", "completed")
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._@=+:-]{0,199}")
@@ -174,7 +174,7 @@ class Checkpoint:
         error cleared, the commit appended to the bounded history.
         """
         now = time.time()
-        entry = (step, self.iteration, attempts, round(seconds, 6), round(now, 3))
+        entry = (step, self.iteration, attempts, round(seconds, 4), round(now, 1))
         return replace(
             self,
             status="completed" if completed else "running",
@@ -190,10 +190,10 @@ class Checkpoint:
 
 def encode(header: Checkpoint, payload: bytes) -> bytes:
     """Serialize ``header`` and ``payload`` into the stored bytes."""
-    record = asdict(header)
-    record["size"] = len(payload)
-    record["crc32"] = zlib.crc32(payload)
-    line = json.dumps({"format": FORMAT, **record}, separators=(",", ":"), ensure_ascii=True)
+    # vars(), not dataclasses.asdict(): the fields are already JSON-ready and
+    # asdict's deep copy costs more than the rest of the header together.
+    record = {"format": FORMAT, **vars(header), "size": len(payload), "crc32": zlib.crc32(payload)}
+    line = json.dumps(record, separators=(",", ":"), ensure_ascii=True)
     return line.encode() + b"\n" + payload
 
 
@@ -244,8 +244,48 @@ def decode(data: bytes, *, where: str, run: str | None = None) -> tuple[Checkpoi
         raise CorruptCheckpoint(
             f"{where} has a malformed header ({exc}); left untouched.", run=run
         ) from exc
-    if header.status not in _STATUSES:
+    problem = _field_problem(header)
+    if problem:
         raise CorruptCheckpoint(
-            f"{where} has an unknown status {header.status!r}; left untouched.", run=run
+            f"{where} has a malformed header: {problem}; left untouched.", run=run
         )
     return header, payload
+
+
+_SHAPES: dict[str, dict[str, type | tuple[type, ...]]] = {
+    "intent": {"step": str, "index": int, "iteration": int, "key": str},
+    "error": {"step": str, "type": str, "message": str, "attempts": int},
+    "owner": {"host": str, "pid": int, "token": str, "until": (int, float)},
+}
+
+
+def _field_problem(h: Checkpoint) -> str | None:  # noqa: PLR0911 - a return per check
+    """Why a decoded header cannot be trusted, or None.
+
+    The CRC covers the payload only, so every header field is checked here:
+    a hand-edited or damaged header must stop as CorruptCheckpoint, not as a
+    TypeError halfway through a run (possibly after a step fired).
+    """
+    for name in ("workflow", "run_id", "run_nonce", "serializer"):
+        if not isinstance(getattr(h, name), str):
+            return f"{name} is not a string"
+    if h.status not in _STATUSES:
+        return f"unknown status {h.status!r}"
+    if not h.steps or not all(isinstance(s, str) for s in h.steps):
+        return "steps is not a list of names"
+    for name in ("iteration", "next_step", "committed"):
+        value = getattr(h, name)
+        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+            return f"{name} is {value!r}, not a count"
+    if h.next_step > len(h.steps) or (h.next_step == len(h.steps) and h.status != "completed"):
+        return f"next_step {h.next_step} is past the {len(h.steps)} steps"
+    for name, shape in _SHAPES.items():
+        value = getattr(h, name)
+        if value is None:
+            continue
+        if not isinstance(value, dict):
+            return f"{name} is not an object"
+        for key, kind in shape.items():
+            if not isinstance(value.get(key), kind) or isinstance(value.get(key), bool):
+                return f"{name}.{key} is {value.get(key)!r}"
+    return None

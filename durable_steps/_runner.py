@@ -37,7 +37,7 @@ import tenacity
 from . import _checkpoint as ckpt
 from ._drivers import Call, Delete, Get, Protocol, Sleep
 from ._events import logger
-from ._lease import describe, is_live
+from ._lease import Heartbeat, describe, is_live
 from ._run import Plan, Released, RunState
 from ._step import Context, Step
 from .errors import (
@@ -53,17 +53,28 @@ from .errors import (
 if TYPE_CHECKING:
     from .stores import Store
 
-__all__ = ["execute", "resolve", "submit"]
+__all__ = ["RunGone", "execute", "resolve", "submit"]
+
+
+class RunGone(DurableStepsError):
+    """A run to resume (not create) has no checkpoint any more."""
 
 
 # --- the protocol -------------------------------------------------------------
 
 
-def execute(plan: Plan, run_id: str, initial: Any) -> Protocol[Any]:
-    """The whole run protocol; returns the final state."""
+def execute(plan: Plan, run_id: str, initial: Any, *, create: bool = True) -> Protocol[Any]:
+    """The whole run protocol; returns the final state.
+
+    ``create=False`` (the worker) only resumes: a run that vanished since it
+    was seen raises :class:`RunGone` instead of starting afresh with new
+    idempotency keys.
+    """
     run = RunState(plan, run_id)
     with run.owner.active():
         found = yield Get(run.key)
+        if found is None and not create:
+            raise RunGone(f"run {run.name} no longer exists", run=run.name)
         if found is None:
             yield from _create(run, initial)
         else:
@@ -219,7 +230,7 @@ def _advance(run: RunState, step: Step[..., Any], index: int) -> Protocol[None]:
     started = time.monotonic()
     heartbeat = run.heartbeat()
     try:
-        attempts, failure = yield from _fire(run, step, ctx)
+        attempts, failure = yield from _fire(run, step, ctx, heartbeat)
     finally:
         heartbeat.stop()
     if heartbeat.lost:  # taken over while the step ran: say so before anything else
@@ -227,6 +238,20 @@ def _advance(run: RunState, step: Step[..., Any], index: int) -> Protocol[None]:
     if failure is not None:
         yield from _give_up(run, step, ctx, failure)
     yield from _commit(run, step, ctx, attempts, time.monotonic() - started)
+
+
+def _call_owned(run: RunState, step: Step[..., Any], call: Call) -> Protocol[Any]:
+    """Call user code with the lease renewed meanwhile; a run lost while it
+    ran raises CheckpointConflict before anything else happens.
+    """
+    heartbeat = run.heartbeat()
+    try:
+        result = yield call
+    finally:
+        heartbeat.stop()
+    if heartbeat.lost:
+        raise run.conflict(step.name)
+    return result
 
 
 def _settle_doubt(
@@ -244,7 +269,12 @@ def _settle_doubt(
         logger.info("run %s: step %r was resolved as %s", run.name, step.name, resolution)
         return bool(resolution == "fired")
     if step.reconcile is not None:
-        happened = yield Call(step.reconcile, (run.state, ctx))
+        try:
+            happened = yield from _call_owned(run, step, Call(step.reconcile, (run.state, ctx)))
+        except CheckpointConflict:
+            raise
+        except Exception as exc:
+            yield from _give_up(run, step, ctx, exc, what="reconcile()")
         logger.warning(
             "run %s: step %r may have fired (key %s); reconcile says %s",
             run.name,
@@ -252,8 +282,9 @@ def _settle_doubt(
             ctx.idempotency_key,
             "it did" if happened else "it did not",
         )
-        if not happened:
-            run.state = run.decode_state(run.payload)  # drop what reconcile changed
+        if not happened:  # drop what reconcile changed: the step starts clean
+            run.state = run.decode_state(run.payload)
+            ctx._finish = False
         return bool(happened)
     if step.in_doubt == "raise":
         yield from run.write(run.header.evolve(status="in_doubt"), step.name)
@@ -279,7 +310,7 @@ def _settle_doubt(
 
 
 def _fire(
-    run: RunState, step: Step[..., Any], ctx: Context
+    run: RunState, step: Step[..., Any], ctx: Context, heartbeat: Heartbeat
 ) -> Protocol[tuple[int, Exception | None]]:
     """Call the step until it succeeds or its retry policy gives up.
 
@@ -293,6 +324,7 @@ def _fire(
         policy.begin()  # tenacity's per-call statistics, which iter() updates
         tries = tenacity.RetryCallState(policy, None, (), {})
     while True:
+        ctx._finish = False  # a failed attempt's finish() does not carry over
         run.event(
             "step_started",
             step=step.name,
@@ -325,7 +357,11 @@ def _fire(
                 duration=wait,
                 error=exc,
             )
+            if heartbeat.lost:  # taken over: a straggler runs nothing more
+                raise run.conflict(step.name) from exc
             yield Sleep(wait)
+            if heartbeat.lost:
+                raise run.conflict(step.name) from exc
             tries.prepare_for_next_attempt()
             ctx.attempt += 1
             run.state = run.decode_state(run.payload)
@@ -353,8 +389,28 @@ def _next_wait(
     return float(action) if isinstance(action, tenacity.DoSleep) else None
 
 
-def _give_up(run: RunState, step: Step[..., Any], ctx: Context, exc: Exception) -> Protocol[None]:
+def _give_up(
+    run: RunState, step: Step[..., Any], ctx: Context, exc: Exception, what: str = ""
+) -> Protocol[None]:
     """Record the failure in the checkpoint, then raise StepFailed."""
+    yield from _record_failure(run, step, ctx, exc)
+    tries = "attempt" if ctx.attempt == 1 else f"all {ctx.attempt} attempts"
+    raise StepFailed(
+        f"run {run.name}: step {step.name!r} (iteration {ctx.iteration}) failed on "
+        f"{tries}{f' ({what})' if what else ''}: {type(exc).__name__}: {exc}. The run is "
+        "saved before this step; fix the cause and run it again to resume here.",
+        run=run.name,
+        step=step.name,
+        attempts=ctx.attempt,
+    ) from exc
+
+
+def _record_failure(
+    run: RunState, step: Step[..., Any], ctx: Context, exc: BaseException
+) -> Protocol[None]:
+    """Write status "failed" and the error with the last commit's payload:
+    what the failed attempt changed never reaches storage.
+    """
     error = {
         "step": step.name,
         "iteration": ctx.iteration,
@@ -366,18 +422,7 @@ def _give_up(run: RunState, step: Step[..., Any], ctx: Context, exc: Exception) 
     run.event(
         "step_failed", step=step.name, iteration=ctx.iteration, attempt=ctx.attempt, error=exc
     )
-    # The payload is still the last commit's: the failed attempt's changes
-    # never reach storage.
     yield from run.write(run.header.evolve(status="failed", error=error), step.name)
-    tries = "attempt" if ctx.attempt == 1 else f"all {ctx.attempt} attempts"
-    raise StepFailed(
-        f"run {run.name}: step {step.name!r} (iteration {ctx.iteration}) failed on "
-        f"{tries}: {type(exc).__name__}: {exc}. The run is saved before this step; "
-        "fix the cause and run it again to resume here.",
-        run=run.name,
-        step=step.name,
-        attempts=ctx.attempt,
-    ) from exc
 
 
 def _until(run: RunState, step: str | None) -> bool:
@@ -401,8 +446,13 @@ def _commit(
     """Write the checkpoint that says ``step`` happened."""
     header = run.header
     last = header.next_step + 1 == len(run.plan.steps)
-    done = ctx._finish or (last and (run.plan.until is None or _until(run, step.name)))
-    run.payload = run.encode_state(step.name)
+    try:
+        done = ctx._finish or (last and (run.plan.until is None or _until(run, step.name)))
+        payload = run.encode_state(step.name)
+    except DurableStepsError as exc:  # until() raised, or the state cannot be saved
+        yield from _record_failure(run, step, ctx, exc)
+        raise
+    run.payload = payload
     # A finished run's cursor points just past its last committed step; an
     # unfinished pass moves to its next step; a finished pass to the next pass.
     if last and not done:
@@ -439,7 +489,7 @@ def _finish(run: RunState) -> Protocol[Any]:
     return run.state
 
 
-def resolve(store: Store, workflow: str, run_id: str, *, fired: bool) -> None:
+def resolve(store: Store, workflow: str, run_id: str, *, fired: bool, force: bool = False) -> None:
     """Record what happened to a run's in-doubt step (see ``Workflow.resolve``)."""
     name = f"{workflow}/{run_id}"
     key = ckpt.checkpoint_key(workflow, run_id)
@@ -451,6 +501,15 @@ def resolve(store: Store, workflow: str, run_id: str, *, fired: bool) -> None:
         raise DurableStepsError(
             f"run {name} has no step in doubt (status {header.status}); nothing to resolve",
             run=name,
+        )
+    if is_live(header.owner) and not force:
+        assert header.owner is not None
+        raise RunLocked(
+            f"run {name} is being run by {describe(header.owner)}: its step may be firing "
+            "right now, so it is not in doubt. Wait for that process; pass force=True "
+            "(--force) only if it is surely gone.",
+            run=name,
+            step=header.intent.get("step"),
         )
     intent = {**header.intent, "resolution": "fired" if fired else "not_fired"}
     try:

@@ -27,7 +27,8 @@ class Retry:
     *n* grows exponentially from ``wait`` up to ``max_wait`` seconds, with
     random jitter so that many runs failing together do not retry together;
     ``wait=0`` retries at once. Only exceptions that are instances of ``on``
-    are retried; anything else fails the step at once.
+    are retried (by default ``TimeoutError``; pass ``on=Exception`` to retry
+    everything); anything else fails the step at once.
 
     Every try starts from the last committed state and uses the same
     idempotency key; ``ctx.attempt`` says which try it is.
@@ -36,7 +37,7 @@ class Retry:
     attempts: int = 3
     wait: float = 0.5
     max_wait: float = 30.0
-    on: type[Exception] | tuple[type[Exception], ...] = Exception
+    on: type[Exception] | tuple[type[Exception], ...] = (TimeoutError,)
 
     def __post_init__(self) -> None:
         if not isinstance(self.attempts, int) or self.attempts < 1:
@@ -58,7 +59,8 @@ class Retry:
         sleeping stays with the (sync or async) driver.
         """
         wait: tenacity.wait.wait_base = (
-            tenacity.wait_exponential_jitter(initial=self.wait, max=self.max_wait)
+            # jitter up to one base wait: spreads retries without dwarfing a short wait
+            tenacity.wait_exponential_jitter(initial=self.wait, max=self.max_wait, jitter=self.wait)
             if self.wait > 0
             else tenacity.wait_none()
         )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 import threading
 from collections.abc import Callable, Iterable, Sequence
@@ -65,8 +66,10 @@ class Workflow:
             raise DefinitionError(
                 f"workflow {name!r}: on_complete must be 'mark' or 'delete', not {on_complete!r}"
             )
-        if not lease > 0:
-            raise DefinitionError(f"workflow {name!r}: lease must be > 0 seconds, not {lease!r}")
+        if not 0 < lease < math.inf:
+            raise DefinitionError(
+                f"workflow {name!r}: lease must be a finite number of seconds > 0, not {lease!r}"
+            )
         self.until = until
         self.lease = float(lease)
         self.on_complete = on_complete
@@ -203,14 +206,18 @@ class Workflow:
         plan = self._plan(run_id, asynchronous=True)
         return drive_sync(_runner.submit(plan, run_id, state), self.store)
 
-    def resolve(self, run_id: str, *, fired: bool) -> None:
+    def resolve(self, run_id: str, *, fired: bool, force: bool = False) -> None:
         """Tell an in-doubt run whether its pending step's effect happened.
 
         ``fired=True``: the next run counts the step as done (without
         calling it) and goes on. ``fired=False``: the next run fires it again
         with the same idempotency key. The run itself is not started here.
+        A run that a live process owns raises :class:`~durable_steps.RunLocked`
+        (its step may be firing right now); ``force=True`` overrides.
         """
-        _runner.resolve(self.store, self.name, validate_name(run_id, "run id"), fired=fired)
+        _runner.resolve(
+            self.store, self.name, validate_name(run_id, "run id"), fired=fired, force=force
+        )
 
     def __repr__(self) -> str:
         names = ", ".join(s.name for s in self._steps)

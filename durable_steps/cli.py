@@ -60,7 +60,13 @@ from ._cli_format import (
     use_color,
 )
 from ._version import __version__
-from .errors import CheckpointConflict, CorruptCheckpoint, DefinitionError, DurableStepsError
+from .errors import (
+    CheckpointConflict,
+    CorruptCheckpoint,
+    DefinitionError,
+    DurableStepsError,
+    RunLocked,
+)
 from .serializers import SIGNING_KEY_ENV, PickleSerializer, Serializer, resolve_serializer
 from .stores import DEFAULT_STORE, STORE_ENV, Store, open_store
 
@@ -135,7 +141,14 @@ def _decode_state(header: ckpt.Checkpoint, payload: bytes, unsafe: bool) -> Any:
                 EXIT_USAGE,
             )
         serializer = resolve_serializer(inner, key)
-    else:  # unsigned: never let an inherited signing key wrap it
+    elif inner == "pickle" and os.environ.get(SIGNING_KEY_ENV):
+        raise CommandError(
+            f"the state of run {header.run} is an unsigned pickle, but {SIGNING_KEY_ENV} is "
+            "set: refusing to unpickle it (anyone who can write the store could have made "
+            "it), as the workflow itself would",
+            EXIT_REFUSED,
+        )
+    else:  # unsigned JSON, or unsigned pickle with no key in play
         serializer = PickleSerializer() if inner == "pickle" else resolve_serializer("json")
     try:
         return serializer.loads(payload)
@@ -194,14 +207,7 @@ def _cmd_resolve(args: argparse.Namespace, store: Store, style: Style) -> int:
             "nothing to resolve",
             EXIT_REFUSED,
         )
-    if header.status == "running" and intent.get("resolution") is None and not args.force:
-        raise CommandError(
-            f"run {header.run} is marked running with step {intent.get('step')!r} pending: a "
-            "process may still be running it. If it crashed, pass --force (a live process "
-            "would then stop at its next write with CheckpointConflict)",
-            EXIT_REFUSED,
-        )
-    _runner.resolve(store, workflow, run_id, fired=args.fired)
+    _runner.resolve(store, workflow, run_id, fired=args.fired, force=args.force)
     what = (
         "fired: the next run counts it as done without calling it"
         if args.fired
@@ -421,7 +427,7 @@ def build_parser() -> argparse.ArgumentParser:
     resolve.add_argument(
         "--force",
         action="store_true",
-        help="also resolve a run marked running (only if its process is surely dead)",
+        help="resolve even a run a live process owns (only if that process is surely gone)",
     )
 
     rm = command(
@@ -467,7 +473,7 @@ def _report(exc: BaseException, debug: bool) -> int:
     code, text = EXIT_ERROR, str(exc)
     if isinstance(exc, CommandError):
         code = exc.code
-    elif isinstance(exc, CheckpointConflict):
+    elif isinstance(exc, (CheckpointConflict, RunLocked)):
         code = EXIT_REFUSED
     elif isinstance(exc, DefinitionError):
         code = EXIT_USAGE

@@ -28,8 +28,6 @@ import pickle
 from collections.abc import Callable
 from typing import Any, Protocol, runtime_checkable
 
-import cloudpickle
-
 from .errors import CorruptCheckpoint, DefinitionError, SerializationError
 
 __all__ = [
@@ -105,6 +103,8 @@ class PickleSerializer:
     def dumps(self, state: Any) -> bytes:
         """Pickle ``state``, or say which value cannot be pickled."""
         try:
+            import cloudpickle  # only pickle users pay for importing it
+
             return cloudpickle.dumps(state, protocol=pickle.HIGHEST_PROTOCOL)  # type: ignore[no-any-return]
         except Exception as exc:
             path, why = _locate(state, _pickle_problem)
@@ -191,9 +191,15 @@ def resolve_serializer(
 # --- finding the value that cannot be encoded ------------------------------
 
 
-def _json_problem(value: Any) -> str | None:
+def _json_problem(value: Any) -> str | None:  # noqa: PLR0911 - a return per JSON type
     """Why ``value`` itself (not its children) cannot be JSON, or None."""
-    if value is None or isinstance(value, (str, bool, int, float)):
+    if isinstance(value, str):
+        try:
+            value.encode()
+        except UnicodeEncodeError as exc:  # e.g. a lone surrogate from surrogateescape
+            return f"the text cannot be encoded as UTF-8 ({exc.reason} at {exc.start})"
+        return None
+    if value is None or isinstance(value, (bool, int, float)):
         return None
     if isinstance(value, dict):
         for key in value:
@@ -208,6 +214,8 @@ def _json_problem(value: Any) -> str | None:
 def _pickle_problem(value: Any) -> str | None:
     """Why ``value`` cannot be pickled, judged by pickling it whole."""
     try:
+        import cloudpickle
+
         cloudpickle.dumps(value)
     except Exception as exc:
         return f"{type(value).__name__} ({exc})"

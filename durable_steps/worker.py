@@ -27,7 +27,6 @@ it) and start workers with ``durable-steps worker --app module:workflow``.
 
 from __future__ import annotations
 
-import asyncio
 import threading
 import time
 from collections.abc import Callable
@@ -40,11 +39,12 @@ from ._drivers import drive_async, drive_sync
 from ._events import logger
 from ._lease import is_live
 from ._run import Released
-from ._runner import execute
+from ._runner import RunGone, execute
 from .errors import (
     CheckpointConflict,
     CorruptCheckpoint,
     DefinitionError,
+    DurableStepsError,
     RunLocked,
     StepFailed,
     StepInDoubt,
@@ -105,6 +105,10 @@ class Worker:
         self.statuses = ("running", "failed") if retry_failed else ("running",)
         self._stopping = threading.Event()
         self._seen: dict[str, _Seen] = {}
+        # Runs that raised an unexpected error, with the version they had
+        # then (None until the next scan sees it): skipped until someone
+        # changes them, so a broken run is not retried in a tight loop.
+        self._quarantine: dict[str, str | None] = {}
         self._prefix = f"{workflow.name}/"
         self._suffix = f"/{ckpt.CHECKPOINT_OBJECT}"
 
@@ -134,8 +138,10 @@ class Worker:
                     continue
                 done, _ = wait(active, timeout=self.poll, return_when=FIRST_COMPLETED)
                 for future in done:
-                    outcome = future.result()
-                    getattr(report, outcome).append(active.pop(future))
+                    outcome, run_id = future.result(), active.pop(future)
+                    getattr(report, outcome).append(run_id)
+                    if outcome == "errors":
+                        self._quarantine[run_id] = None
 
     def claimable(
         self, *, limit: int | None = None, exclude: set[str] | frozenset[str] = frozenset()
@@ -146,23 +152,40 @@ class Worker:
         worker last read it, and none once ``limit`` runs are found (the rest
         are read by a later scan).
         """
-        store = self.workflow.store
         now = time.time()
         found: list[str] = []
-        for info in store.list(self._prefix):
-            if limit is not None and len(found) >= limit:
-                break
-            run_id = info.key[len(self._prefix) : -len(self._suffix)]
-            if not info.key.endswith(self._suffix) or "/" in run_id or run_id in exclude:
-                continue
-            seen = self._seen.get(info.key)
-            if seen is None or seen.version != info.version:
-                seen = self._read(info.key)
-                if seen is None:
+        listed: set[str] = set()
+        try:
+            for info in self.workflow.store.list(self._prefix):
+                if limit is not None and len(found) >= limit:
+                    break
+                listed.add(info.key)
+                run_id = info.key[len(self._prefix) : -len(self._suffix)]
+                if not info.key.endswith(self._suffix) or "/" in run_id or run_id in exclude:
                     continue
-            if seen.status in self.statuses and not is_live(seen.owner, now=now):
-                found.append(run_id)
+                if self._quarantined(run_id, info.version):
+                    continue
+                seen = self._seen.get(info.key)
+                if seen is None or seen.version != info.version:
+                    seen = self._read(info.key)
+                if seen and seen.status in self.statuses and not is_live(seen.owner, now=now):
+                    found.append(run_id)
+            else:  # a full listing: forget runs that are gone
+                for key in self._seen.keys() - listed:
+                    del self._seen[key]
+        except DurableStepsError as exc:  # the store is down: try again at the next poll
+            logger.warning("worker %s: scan failed (%s); retrying", self.workflow.name, exc)
         return found
+
+    def _quarantined(self, run_id: str, version: str) -> bool:
+        if run_id not in self._quarantine:
+            return False
+        held = self._quarantine[run_id]
+        if held is None or held == version:
+            self._quarantine[run_id] = version
+            return True
+        del self._quarantine[run_id]  # changed since it failed: worth another try
+        return False
 
     def _read(self, key: str) -> _Seen | None:
         got = self.workflow.store.get(key)
@@ -183,19 +206,23 @@ class Worker:
         """Resume one run in this thread; return the WorkerReport field it belongs to."""
         wf = self.workflow
         plan = wf._plan(run_id, asynchronous=True, stop=self._stopping)
+        protocol = execute(plan, run_id, None, create=False)
         outcomes: list[tuple[type[BaseException], str]] = [
             (Released, "released"),
             (StepFailed, "failed"),
             (StepInDoubt, "in_doubt"),
             (CheckpointConflict, "lost"),
             (RunLocked, "lost"),
+            (RunGone, "lost"),
         ]
         try:
             if any(s.is_async for s in wf.steps):
-                asyncio.run(drive_async(execute(plan, run_id, None), wf.store))
+                import asyncio
+
+                asyncio.run(drive_async(protocol, wf.store))
             else:
-                drive_sync(execute(plan, run_id, None), wf.store)
-        except Exception as exc:
+                drive_sync(protocol, wf.store)
+        except BaseException as exc:  # one run's failure never stops the worker
             for kind, name in outcomes:
                 if isinstance(exc, kind):
                     logger.info("worker: run %s/%s %s: %s", wf.name, run_id, name, exc)

@@ -136,7 +136,7 @@ def build(spec: Spec, world: World, store: ds.Store) -> ds.Workflow:
             fn,
             name=f"s{index}",
             idempotent=spec.idempotent[index],
-            retry=ds.Retry(attempts=2, wait=0) if spec.retry[index] else None,
+            retry=ds.Retry(attempts=2, wait=0, on=Exception) if spec.retry[index] else None,
             in_doubt="raise" if policy == "raise" else None,
             reconcile=rec if policy == "reconcile" else None,
         )

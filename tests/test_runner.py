@@ -465,7 +465,7 @@ def test_retry_starts_from_committed_state(store: ds.Store, run: Runner) -> None
     def setup(state: dict[str, Any]) -> None:
         state["items"] = [1]
 
-    @wf.step(retry=ds.Retry(attempts=3, wait=0))
+    @wf.step(retry=ds.Retry(attempts=3, wait=0, on=ConnectionError))
     def flaky(state: dict[str, Any], ctx: ds.Context) -> None:
         seen.append(list(state["items"]))
         state["items"].append(ctx.attempt)

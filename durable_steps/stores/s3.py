@@ -38,6 +38,7 @@ from urllib.parse import urlparse
 import boto3
 from botocore.config import Config
 from botocore.exceptions import (
+    BotoCoreError,
     ClientError,
     ConnectionClosedError,
     IncompleteReadError,
@@ -245,6 +246,11 @@ class S3Store:
                 f"cannot reach S3 for {self._where(full_key)} at "
                 f"{self._client.meta.endpoint_url} after {self._attempts} attempts: {exc}. "
                 "Check the endpoint URL and the network; rerun later (the run resumes)."
+            ) from exc
+        except BotoCoreError as exc:  # no credentials, a bad parameter, a failed refresh...
+            raise StoreError(
+                f"S3 request for {self._where(full_key)} failed before it was sent: {exc}. "
+                "Check the AWS configuration (credentials, profile, region)."
             ) from exc
         raise AssertionError("unreachable: tenacity either returns or raises")  # pragma: no cover
 
