@@ -73,7 +73,7 @@ import re
 import secrets
 import time
 import zlib
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from .errors import CorruptCheckpoint, DefinitionError
@@ -158,7 +158,22 @@ class Checkpoint:
 
     def evolve(self, **changes: Any) -> Checkpoint:
         """A copy with ``changes`` applied and ``updated_at`` set to now."""
-        return replace(self, updated_at=time.time(), **changes)
+        return self.replace(updated_at=time.time(), **changes)
+
+    def replace(self, **changes: Any) -> Checkpoint:
+        """A copy with ``changes`` applied.
+
+        ``dataclasses.replace`` re-runs ``__init__`` (with its default
+        factories) and costs ~7 µs; the runner copies the header two or three
+        times per step, so this copies the field dict instead (~1 µs).
+        """
+        unknown = changes.keys() - self.__dict__.keys()
+        if unknown:
+            raise TypeError(f"Checkpoint has no fields {sorted(unknown)}")
+        copy = object.__new__(Checkpoint)
+        copy.__dict__.update(self.__dict__)
+        copy.__dict__.update(changes)
+        return copy
 
     def with_commit(
         self,
@@ -175,8 +190,7 @@ class Checkpoint:
         """
         now = time.time()
         entry = (step, self.iteration, attempts, round(seconds, 4), round(now, 1))
-        return replace(
-            self,
+        return self.replace(
             status="completed" if completed else "running",
             iteration=iteration,
             next_step=next_step,

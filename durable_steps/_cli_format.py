@@ -2,8 +2,11 @@
 
 Human-friendly units (ages, sizes, durations), parsing of ``--older-than``
 durations, aligned tables, colour that switches itself off in a pipe or when
-``NO_COLOR`` is set, and the descriptions of runs that ``ls`` and ``show``
-print.
+``NO_COLOR`` is set, finding runs in a store, and the descriptions of runs
+that ``ls`` and ``show`` print.
+A ``running`` run no live process owns (``_lease.is_live``) is shown as
+``stopped``. One that crashed in a process still alive looks owned to other
+processes until its lease ends: only its own process knows that it is over.
 """
 
 from __future__ import annotations
@@ -15,12 +18,14 @@ import pprint
 import re
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, TextIO
 
 from . import _checkpoint as ckpt
+from ._lease import is_live
 from .errors import CorruptCheckpoint
-from .stores import DEFAULT_STORE, STORE_ENV
+from .stores import DEFAULT_STORE, STORE_ENV, Store
 
 __all__ = [
     "EPILOG",
@@ -28,13 +33,16 @@ __all__ = [
     "RunInfo",
     "Style",
     "describe",
+    "find_runs",
     "human_age",
     "human_duration",
     "human_size",
     "ls_row",
     "next_hint",
+    "owner_text",
     "parse_duration",
     "peek_header",
+    "run_status",
     "state_text",
     "status_label",
     "summary",
@@ -46,7 +54,9 @@ __all__ = [
 PROG = "durable-steps"
 EPILOG = f"""\
 statuses:
-  running    stopped mid-run (crashed, killed) -- or still running somewhere
+  running    a live process owns it now (`show` gives its host:pid and lease)
+  stopped    nobody is running it: it crashed, was killed or released -- rerun
+             the workflow or start a worker to resume it
   failed     a step raised and used up its retries
   in-doubt   a non-idempotent step may have fired before a crash: decide with `resolve`
   completed  finished; the checkpoint holds the final state
@@ -55,7 +65,7 @@ statuses:
 find a stopped run and see why:
   {PROG} ls                                 every run: status, next step, age
   {PROG} ls --status failed                 runs stopped by a step's error
-  {PROG} ls --status running                runs that crashed (or are still running)
+  {PROG} ls --status stopped                runs nobody is running (crashed, killed)
   {PROG} show support-agent/t-4411          the error, pending intent, recent steps
   {PROG} show support-agent/t-4411 --state  ... and the saved state
   then rerun the workflow (wf.run(run_id)): it resumes at the step shown
@@ -67,7 +77,7 @@ an in-doubt step, e.g. a payment that may have gone through before a crash:
   {PROG} resolve pay/order-17 --not-fired   it did not: the rerun fires it, same key
 
 clean up:
-  {PROG} rm pay/order-17                    one run (refuses running/in-doubt runs)
+  {PROG} rm pay/order-17                    one run (refuses live or in-doubt runs)
   {PROG} prune --completed --older-than 7d  list what would go; add --yes to delete
 
 resume many runs, on as many machines as you like:
@@ -79,8 +89,8 @@ store: --store URL, else ${STORE_ENV}, else {DEFAULT_STORE}. A URL is a path,
 
 exit status:
   0 ok   1 error (store failed, unreadable checkpoint)   2 usage   3 run not found
-  4 refused (the status does not allow it, nothing to resolve, not a checkpoint,
-    or the run changed meanwhile)
+  4 refused (a live process owns the run, the status does not allow it, nothing
+    to resolve, not a checkpoint, or the run changed meanwhile)
 colour only on a terminal, never when NO_COLOR is set."""
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 _DURATION = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([smhdw])\s*")
@@ -161,19 +171,14 @@ def use_color(choice: str, stream: TextIO) -> bool:
     return bool(isatty and isatty())
 
 
-_CODES = {
-    "bold": "1",
-    "dim": "2",
-    "red": "31",
-    "green": "32",
-    "yellow": "33",
-    "cyan": "36",
-}
+_ANSI_COLORS = ("black", "red", "green", "yellow", "blue", "magenta", "cyan", "white")
+_CODES = {"bold": "1", "dim": "2"} | {name: str(30 + i) for i, name in enumerate(_ANSI_COLORS)}
 _STATUS_COLORS = {
     "completed": "green",
     "failed": "red",
     "in_doubt": "yellow",
     "running": "cyan",
+    "stopped": "magenta",
     "corrupt": "red",
 }
 
@@ -273,7 +278,7 @@ class RunInfo:
     key: str
     size: int
     header: dict[str, Any] | None
-    status: str  # the header's status, or "corrupt"
+    status: str  # the status shown (see run_status), or "corrupt"
     problem: str | None
 
     @classmethod
@@ -286,7 +291,7 @@ class RunInfo:
             if raw is None:
                 problem = f"{key!r} holds the checkpoint of another run ({header.run})"
             else:
-                status = header.status
+                status = run_status(header.status, header.owner)
         except CorruptCheckpoint as exc:
             problem = exc.message
         return cls(workflow, run_id, key, len(data), raw, status, problem)
@@ -295,6 +300,39 @@ class RunInfo:
     def name(self) -> str:
         """``workflow/run_id``."""
         return f"{self.workflow}/{self.run_id}"
+
+
+def find_runs(store: Store, workflow: str | None) -> list[RunInfo]:
+    """Every run under ``workflow/`` (or the whole store): one LIST, one GET per run."""
+    keys = []
+    for info in store.list(f"{workflow}/" if workflow else ""):
+        parts = info.key.split("/")
+        if len(parts) == 3 and parts[2] == ckpt.CHECKPOINT_OBJECT:
+            keys.append((parts[0], parts[1], info.key))
+
+    def fetch(item: tuple[str, str, str]) -> RunInfo | None:
+        found = store.get(item[2])
+        return None if found is None else RunInfo.parse(*item, found[0])
+
+    with ThreadPoolExecutor(max_workers=max(1, min(16, len(keys)))) as pool:
+        return [run for run in pool.map(fetch, keys) if run is not None]
+
+
+def run_status(status: str, owner: dict[str, Any] | None) -> str:
+    """The status to show: a ``running`` run no live process owns is ``stopped``."""
+    return "stopped" if status == "running" and not is_live(owner) else status
+
+
+def owner_text(owner: dict[str, Any] | None, status: str) -> str:
+    """Who runs a run: ``host:pid (lease ends in 42s)``, ``host:pid (gone)``, ``none``."""
+    if not owner:
+        return "none (stopped)" if status == "running" else "none"
+    who = f"{owner.get('host')}:{owner.get('pid')}"
+    left = float(owner.get("until", 0)) - time.time()
+    if is_live(owner):
+        return f"{who} (lease ends in {left:.0f}s)"
+    # Not live with its lease left: an owner on this host whose process is gone.
+    return f"{who} (gone)" if left > 0 else f"{who} (lease ended {human_age(-left)})"
 
 
 def _next_step(header: dict[str, Any]) -> str | None:
@@ -351,17 +389,21 @@ def next_hint(header: ckpt.Checkpoint) -> str:
     if header.status == "failed":
         also = f"; {doubt}: if it did, `{PROG} resolve {name} --fired` first" if pending else ""
         return f"fix the cause, then rerun the workflow: it resumes at step {step!r}{also}"
+    if is_live(header.owner):
+        who = owner_text(header.owner, header.status)
+        return f"it is being run by {who}: wait for it (`{PROG} show {name}` again to follow it)"
+    resume = f"rerun the workflow or `{PROG} worker --app module:workflow`"
     if intent and not pending:
-        return f"resolved as {intent['resolution']}; rerun the workflow to continue"
+        return f"resolved as {intent['resolution']}; {resume} to continue"
     also = (
         f" ({doubt}: it re-fires with the same key; if it did fire, first "
-        f"`{PROG} resolve {name} --fired --force`)"
+        f"`{PROG} resolve {name} --fired`)"
         if pending
         else ""
     )
     return (
-        f"if no process is running it (it crashed or was killed), rerun the workflow to "
-        f"resume at step {step!r}{also}; to discard it: {PROG} rm {name} --force"
+        f"nobody is running it (it crashed, was killed or released): {resume} to resume "
+        f"at step {step!r}{also}; to discard it: {PROG} rm {name}{' --force' * bool(intent)}"
     )
 
 
@@ -378,10 +420,12 @@ def describe(header: ckpt.Checkpoint, payload: bytes, size: int, style: Style) -
     else:
         step = header.steps[header.next_step] if header.next_step < n else "?"
         where = f"next step {step!r} ({header.next_step + 1} of {n}), iteration {header.iteration}"
-    lines = [f"{style.bold(header.run)}  {style.status(header.status)}"]
+    status = run_status(header.status, header.owner)
+    lines = [f"{style.bold(header.run)}  {style.status(status)}"]
     lines += _fields(
         [
-            ("stopped at" if header.status != "completed" else "position", where),
+            ("position" if status in ("running", "completed") else "stopped at", where),
+            ("owner", owner_text(header.owner, header.status)),
             ("committed", f"{header.committed} step commit{'s' * (header.committed != 1)}"),
             ("steps", " -> ".join(header.steps)),
             ("serializer", header.serializer),
@@ -443,6 +487,7 @@ def summary(run: RunInfo, now: float) -> dict[str, Any]:
         "run_id": run.run_id,
         "key": run.key,
         "status": run.status,
+        "owner": h.get("owner"),
         "next_step": _next_step(h) if run.problem is None else None,
         "iteration": h.get("iteration"),
         "committed": h.get("committed"),

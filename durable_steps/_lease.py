@@ -181,20 +181,26 @@ class _Beater:
     instead of a thread start and join.
     """
 
+    _IDLE = 1.0  # seconds between looks when nothing is armed
+
     def __init__(self) -> None:
         self._due: dict[Heartbeat, float] = {}
         self._wake = threading.Condition()
         self._thread: threading.Thread | None = None
+        self._wakes_at = 0.0  # when the thread will look again by itself
 
     def arm(self, heartbeat: Heartbeat) -> None:
         with self._wake:
-            self._due[heartbeat] = time.monotonic() + heartbeat.interval
+            when = self._due[heartbeat] = time.monotonic() + heartbeat.interval
             if self._thread is None or not self._thread.is_alive():  # first use, or forked
                 self._thread = threading.Thread(
                     target=self._run, name="durable-steps heartbeat", daemon=True
                 )
                 self._thread.start()
-            self._wake.notify()
+            elif when < self._wakes_at:
+                # Only a beat due before the thread looks again needs waking it:
+                # waking it for every step would cost a context switch each.
+                self._wake.notify()
 
     def disarm(self, heartbeat: Heartbeat) -> None:
         with self._wake:
@@ -204,15 +210,17 @@ class _Beater:
         """Wait until a heartbeat is due; reschedule it and return it."""
         with self._wake:
             while True:
+                now = time.monotonic()
                 if not self._due:
-                    self._wake.wait()
+                    self._wakes_at = now + self._IDLE
+                    self._wake.wait(self._IDLE)
                     continue
                 heartbeat, when = min(self._due.items(), key=lambda item: item[1])
-                delay = when - time.monotonic()
-                if delay <= 0:
-                    self._due[heartbeat] = time.monotonic() + heartbeat.interval
+                if when <= now:
+                    self._due[heartbeat] = now + heartbeat.interval
                     return heartbeat
-                self._wake.wait(delay)
+                self._wakes_at = min(when, now + self._IDLE)
+                self._wake.wait(self._wakes_at - now)
 
     def _run(self) -> None:
         while True:

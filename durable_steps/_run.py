@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from . import _checkpoint as ckpt
@@ -101,7 +101,7 @@ class RunState:
         owner once the run is over, stopped, or released.
         """
         keep = header.status == "running" and not release
-        return replace(header, owner=self.owner.record() if keep else None)
+        return header.replace(owner=self.owner.record() if keep else None)
 
     def write(
         self, header: ckpt.Checkpoint, step: str | None, *, release: bool = False

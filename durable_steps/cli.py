@@ -10,19 +10,20 @@ Works on any store: ``--store URL`` (a path, ``file:///path``,
     durable-steps rm WORKFLOW/RUN_ID [--force]
     durable-steps prune (--completed | --failed) --older-than 7d [--workflow W] [--yes]
 
-``rm`` and ``prune`` delete only checkpoint objects (``<workflow>/<run_id>/
-checkpoint`` whose first line is a durable_steps header of that run), never
-anything else under the prefix. ``rm`` refuses without ``--force`` a run
-marked ``running`` (a process may still own it) or with a pending intent
-(deleting it forgets the idempotency key, so a new run under that id would
-fire the step again with a new key). ``prune`` is a dry run unless ``--yes``.
+A ``running`` run that no live process owns is shown as ``stopped``. ``rm``
+and ``prune`` delete only checkpoint objects (``<workflow>/<run_id>/checkpoint``
+whose first line is a durable_steps header of that run), never anything else
+under the prefix. ``rm`` and ``resolve`` refuse without ``--force`` a run a
+live process owns; ``rm`` also one with a pending intent (deleting it forgets
+the idempotency key, so a new run under that id would fire the step again with
+a new key). ``prune`` is a dry run unless ``--yes``.
 
 Exit status: 0 success; 1 error (the store failed, a checkpoint cannot be
 read); 2 usage (bad arguments, store URL, run name or duration, a pickle
 state without ``--unsafe-unpickle`` or its signing key); 3 the run does not
-exist; 4 refused (the run's status does not allow it without ``--force``,
-nothing is in doubt, the object is not a checkpoint, or the run changed
-meanwhile). Errors are one line on stderr (``durable-steps: error: ...``);
+exist; 4 refused (a live process owns the run, its status does not allow it
+without ``--force``, nothing is in doubt, the object is not a checkpoint, or
+the run changed meanwhile). Errors are one line on stderr (``durable-steps: error: ...``);
 ``--debug`` adds the traceback and the library's debug log.
 """
 
@@ -37,7 +38,6 @@ import sys
 import time
 import traceback
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any, NoReturn
 
 from . import _checkpoint as ckpt
@@ -48,11 +48,14 @@ from ._cli_format import (
     RunInfo,
     Style,
     describe,
+    find_runs,
     human_age,
     human_size,
     ls_row,
+    owner_text,
     parse_duration,
     peek_header,
+    run_status,
     state_text,
     status_label,
     summary,
@@ -86,22 +89,6 @@ class CommandError(Exception):
 
 
 # --- reading the store ---------------------------------------------------------
-
-
-def _find_runs(store: Store, workflow: str | None) -> list[RunInfo]:
-    """Every run under ``workflow/`` (or the whole store): one LIST, one GET per run."""
-    keys = []
-    for info in store.list(f"{workflow}/" if workflow else ""):
-        parts = info.key.split("/")
-        if len(parts) == 3 and parts[2] == ckpt.CHECKPOINT_OBJECT:
-            keys.append((parts[0], parts[1], info.key))
-
-    def fetch(item: tuple[str, str, str]) -> RunInfo | None:
-        found = store.get(item[2])
-        return None if found is None else RunInfo.parse(*item, found[0])
-
-    with ThreadPoolExecutor(max_workers=max(1, min(16, len(keys)))) as pool:
-        return [run for run in pool.map(fetch, keys) if run is not None]
 
 
 def _load(store: Store, workflow: str, run_id: str) -> tuple[ckpt.Checkpoint, bytes, bytes]:
@@ -160,7 +147,7 @@ def _decode_state(header: ckpt.Checkpoint, payload: bytes, unsafe: bool) -> Any:
 
 
 def _cmd_ls(args: argparse.Namespace, store: Store, style: Style) -> int:
-    runs = _find_runs(store, args.workflow)
+    runs = find_runs(store, args.workflow)
     if args.status:
         runs = [r for r in runs if r.status == args.status.replace("-", "_")]
     now = time.time()
@@ -203,8 +190,8 @@ def _cmd_resolve(args: argparse.Namespace, store: Store, style: Style) -> int:
     intent = header.intent
     if intent is None:
         raise CommandError(
-            f"run {header.run} has no step in doubt (status {status_label(header.status)}); "
-            "nothing to resolve",
+            f"run {header.run} has no step in doubt (status "
+            f"{status_label(run_status(header.status, header.owner))}); nothing to resolve",
             EXIT_REFUSED,
         )
     _runner.resolve(store, workflow, run_id, fired=args.fired, force=args.force)
@@ -233,11 +220,12 @@ def _cmd_rm(args: argparse.Namespace, store: Store, style: Style) -> int:
             "(remove it with your storage's own tools if it is not needed)",
             EXIT_REFUSED,
         )
-    status, intent = str(header.get("status")), header.get("intent")
+    status = run_status(str(header.get("status")), header.get("owner"))
+    intent = header.get("intent")
     if not args.force and status == "running":
         raise CommandError(
-            f"run {name} is marked running: a process may still own it. If it crashed and "
-            "you want to start over, pass --force",
+            f"run {name} is being run by {owner_text(header['owner'], status)}: wait for it "
+            "(or stop that process); pass --force to delete it anyway",
             EXIT_REFUSED,
         )
     if not args.force and isinstance(intent, dict):
@@ -258,7 +246,7 @@ def _cmd_prune(args: argparse.Namespace, store: Store, style: Style) -> int:
         raise CommandError("say what to prune: --completed and/or --failed", EXIT_USAGE)
     now, kept = time.time(), 0
     chosen: list[tuple[RunInfo, float]] = []
-    for run in _find_runs(store, args.workflow):
+    for run in find_runs(store, args.workflow):
         h = run.header
         if run.problem is not None or h is None or run.status not in wanted:
             continue
@@ -301,30 +289,29 @@ class _Parser(argparse.ArgumentParser):
         self.exit(EXIT_USAGE, f"{PROG}: error: {message} (see `{self.prog} --help`)\n")
 
 
+def _arg(parse: Callable[[str], Any]) -> Callable[[str], Any]:
+    """An argparse ``type`` calling ``parse``; its errors become usage errors."""
+
+    def convert(text: str) -> Any:
+        try:
+            return parse(text)
+        except (ValueError, DefinitionError) as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from exc
+
+    return convert
+
+
+@_arg
 def _run_ref(text: str) -> tuple[str, str]:
     workflow, sep, run_id = text.partition("/")
     if not sep:
-        raise argparse.ArgumentTypeError(
-            f"{text!r} is not WORKFLOW/RUN_ID (e.g. support-agent/ticket-4411; see `{PROG} ls`)"
-        )
-    try:
-        return ckpt.validate_name(workflow, "workflow name"), ckpt.validate_name(run_id, "run id")
-    except DefinitionError as exc:
-        raise argparse.ArgumentTypeError(exc.message) from exc
+        raise ValueError(f"{text!r} is not WORKFLOW/RUN_ID (e.g. support-agent/ticket-4411)")
+    return ckpt.validate_name(workflow, "workflow name"), ckpt.validate_name(run_id, "run id")
 
 
+@_arg
 def _workflow_name(text: str) -> str:
-    try:
-        return ckpt.validate_name(text, "workflow name")
-    except DefinitionError as exc:
-        raise argparse.ArgumentTypeError(exc.message) from exc
-
-
-def _duration(text: str) -> float:
-    try:
-        return parse_duration(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from exc
+    return ckpt.validate_name(text, "workflow name")
 
 
 def _globals(sub: bool) -> _Parser:
@@ -378,7 +365,8 @@ def build_parser() -> argparse.ArgumentParser:
         _cmd_ls,
         "list runs: status, step reached, age, size",
         "List runs, one per line: workflow, run id, status, the next step to run (or "
-        "'done'), iteration, time since the last checkpoint, size. Statuses: running, "
+        "'done'), iteration, time since the last checkpoint, size. Statuses: running (a "
+        "live process owns it), stopped (nobody runs it: crashed, killed or released), "
         "failed, in-doubt, completed; 'corrupt' for a checkpoint that cannot be read.",
     )
     ls.add_argument("--workflow", "-w", type=_workflow_name, help="only runs of this workflow")
@@ -386,7 +374,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--status",
         "-s",
         type=lambda s: s.replace("_", "-"),
-        choices=("running", "completed", "failed", "in-doubt", "corrupt"),
+        choices=("running", "stopped", "completed", "failed", "in-doubt", "corrupt"),
         help="only runs with this status",
     )
     ls.add_argument("--json", action="store_true", help="a JSON array, for machines")
@@ -394,10 +382,11 @@ def build_parser() -> argparse.ArgumentParser:
     show = command(
         "show",
         _cmd_show,
-        "why a run stopped: position, pending intent, last error, history",
-        "Show a run: status; where it stopped (next step, iteration, commits); the pending "
-        "intent of a non-idempotent step and its idempotency key; the last error and its "
-        "attempts; recent steps with durations; and what to do next.",
+        "why a run stopped: position, owner, pending intent, last error, history",
+        "Show a run: status; where it stopped (next step, iteration, commits); its owner "
+        "(host:pid and lease, or none); the pending intent of a non-idempotent step and its "
+        "idempotency key; the last error and its attempts; recent steps with durations; and "
+        "what to do next.",
     )
     show.add_argument("run", metavar="RUN", type=_run_ref, help=run_help)
     show.add_argument("--state", action="store_true", help="also print the saved state")
@@ -435,11 +424,11 @@ def build_parser() -> argparse.ArgumentParser:
         _cmd_rm,
         "delete one run's checkpoint",
         "Delete a run's checkpoint object (nothing else). Refused without --force for a "
-        "run marked running (a process may own it) or with a step in doubt (the new run "
-        "would fire it with a new idempotency key).",
+        "run a live process owns (status running) or with a step in doubt (the new run "
+        "would fire it with a new idempotency key). A stopped run can be deleted.",
     )
     rm.add_argument("run", metavar="RUN", type=_run_ref, help=run_help)
-    rm.add_argument("--force", action="store_true", help="delete even a running/in-doubt run")
+    rm.add_argument("--force", action="store_true", help="delete even a live-owned or in-doubt run")
 
     prune = command(
         "prune",
@@ -454,7 +443,7 @@ def build_parser() -> argparse.ArgumentParser:
     prune.add_argument("--failed", action="store_true", help="prune failed runs")
     prune.add_argument(
         "--older-than",
-        type=_duration,
+        type=_arg(parse_duration),
         required=True,
         metavar="AGE",
         help="only runs last written this long ago or more: 30m, 12h, 7d, 2w, 0s",

@@ -2,7 +2,8 @@
 
 Runs in every state are made by real workflows in this process (on
 ``target.open()``); the command runs in a child process that opens the same
-store from its URL and environment, exactly as a user's shell would.
+store from its URL and environment, exactly as a user's shell would. A run
+genuinely being run is a child process in the middle of a step.
 """
 
 from __future__ import annotations
@@ -10,6 +11,8 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
+import socket
 import subprocess
 import sys
 import time
@@ -28,6 +31,9 @@ LOCAL_AND_MOTO = [
     pytest.param("local", id="local"),
     pytest.param("moto", id="moto", marks=pytest.mark.s3),
 ]
+# A crash in this (still living) process looks owned to other processes until
+# the lease ends: crashes get a lease this short, so they show as stopped at once.
+CRASH_LEASE = 0.05
 JUNK = {
     "pay/done-1/notes.txt": b"not a checkpoint: keep me",
     "pay/junk/checkpoint": b"hello\nworld",
@@ -51,9 +57,11 @@ class Runs:
     charges: list[str] = field(default_factory=list)
     doubt_key: str = ""
 
-    def workflow(self, store: ds.Store | None = None, *, name: str = "pay") -> ds.Workflow:
+    def workflow(
+        self, store: ds.Store | None = None, *, name: str = "pay", lease: float = 60.0
+    ) -> ds.Workflow:
         """The payment workflow: prepare, charge (in_doubt="raise"), receipt."""
-        wf = ds.Workflow(name, store=store or self.store)
+        wf = ds.Workflow(name, store=store or self.store, lease=lease)
 
         @wf.step()
         def prepare(state: dict[str, Any]) -> None:
@@ -71,10 +79,13 @@ class Runs:
         return wf
 
     def crash(self, run_id: str, after_write: int, *, name: str = "pay") -> None:
-        """Start ``run_id`` and "kill" it right after its ``after_write``-th write."""
+        """Start ``run_id`` and "kill" it right after its ``after_write``-th write;
+        return once its lease has ended (to other processes, it is stopped).
+        """
         crashing = CrashingStore(self.store, after_write=after_write)
         with pytest.raises(SimulatedCrash):
-            self.workflow(crashing, name=name).run(run_id)
+            self.workflow(crashing, name=name, lease=CRASH_LEASE).run(run_id)
+        time.sleep(CRASH_LEASE)
 
     def exists(self, key: str) -> bool:
         """Whether ``key`` is in the store."""
@@ -83,7 +94,7 @@ class Runs:
 
 @pytest.fixture
 def runs(durable_target: StoreTarget) -> Iterator[Runs]:
-    """completed pay/done-1, running pay/crash-1, in-doubt pay/doubt-1, failed mail/fail-1."""
+    """completed pay/done-1, stopped pay/crash-1, in-doubt pay/doubt-1, failed mail/fail-1."""
     store = durable_target.open()
     r = Runs(durable_target, store)
     r.workflow().run("done-1")
@@ -150,7 +161,7 @@ def test_ls_lists_runs_in_every_state(runs: Runs) -> None:
     assert proc.stdout.split()[:7] == ["WORKFLOW", "RUN", "STATUS", "STEP", "ITER", "AGE", "SIZE"]
     table = rows(proc.stdout)
     assert table["pay/done-1"][:3] == ["completed", "done", "0"]
-    assert table["pay/crash-1"][:4] == ["running", "charge", "(2/3)", "0"]
+    assert table["pay/crash-1"][:4] == ["stopped", "charge", "(2/3)", "0"]
     assert table["pay/doubt-1"][:4] == ["in-doubt", "charge", "(2/3)", "0"]
     assert table["mail/fail-1"][:4] == ["failed", "send", "(1/1)", "0"]
     assert table["pay/junk"][0] == table["pay/copy-1"][0] == "corrupt"
@@ -159,12 +170,32 @@ def test_ls_lists_runs_in_every_state(runs: Runs) -> None:
 
     doubt = cli(runs.target, "ls", "--status", "in-doubt")
     assert list(rows(doubt.stdout)) == ["pay/doubt-1"]
+    stopped = cli(runs.target, "ls", "-s", "stopped")
+    assert list(rows(stopped.stdout)) == ["pay/crash-1"]
+    running = cli(runs.target, "ls", "--status", "running")
+    assert (running.returncode, running.stdout) == (0, "")
+    assert "no matching runs" in running.stderr
     mail = cli(runs.target, "ls", "--workflow", "mail", "--json")
     [entry] = json.loads(mail.stdout)
     assert entry["run"] == "mail/fail-1"
     assert entry["status"] == "failed"
     assert entry["next_step"] == "send"
     assert entry["error"]["message"] == "smtp said no"
+    assert entry["owner"] is None
+
+
+def test_show_stopped_run_says_nobody_runs_it(runs: Runs) -> None:
+    """A crashed run is stopped: its dead owner is shown, and how to resume it."""
+    proc = cli(runs.target, "show", "pay/crash-1")
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout
+    assert out.startswith("pay/crash-1  stopped")
+    assert re.search(r"owner\s+\S+:\d+ \(lease ended (just now|\d+s ago)\)", out), out
+    assert "nobody is running it" in out
+    assert "durable-steps worker --app module:workflow" in out
+    assert "resume at step 'charge'" in out
+    assert "rm pay/crash-1\n" in out  # no --force needed
+    assert re.search(r"owner\s+none\n", cli(runs.target, "show", "mail/fail-1").stdout)
 
 
 # -- show --------------------------------------------------------------------
@@ -300,22 +331,21 @@ def test_resolve_not_fired_refires_with_the_same_key(runs: Runs) -> None:
 
 @pytest.mark.parametrize("durable_target", ["local"], indirect=True)
 def test_resolve_refusals(runs: Runs) -> None:
-    """resolve: 3 for a missing run, 4 with nothing in doubt or a maybe-live run."""
+    """resolve: 3 for a missing run, 4 with nothing in doubt; a stopped run needs no --force."""
     missing = cli(runs.target, "resolve", "pay/nope", "--fired")
     assert missing.returncode == 3
     assert "not found" in one_error_line(missing)
-    for run in ("pay/done-1", "pay/crash-1", "mail/fail-1"):
+    for run, status in (("pay/done-1", "completed"), ("pay/crash-1", "stopped")):
         nothing = cli(runs.target, "resolve", run, "--fired")
         assert nothing.returncode == 4
-        assert "nothing to resolve" in one_error_line(nothing)
-    # The default in_doubt="refire" policy leaves a crashed run 'running' with its intent.
-    runs.crash("live-1", after_write=3, name="refund")
-    live = cli(runs.target, "resolve", "refund/live-1", "--fired")
-    assert live.returncode == 4
-    assert "--force" in one_error_line(live)
-    forced = cli(runs.target, "resolve", "refund/live-1", "--fired", "--force")
-    assert forced.returncode == 0, forced.stderr
-    assert runs.workflow(name="refund").run("live-1")["receipt"] is True
+        assert f"(status {status}); nothing to resolve" in one_error_line(nothing)
+    # The default in_doubt="refire" policy leaves a crashed run 'running' (stopped: its
+    # owner is gone) with its intent; only a live owner needs --force (test_live_run_...).
+    runs.crash("stop-1", after_write=3, name="refund")
+    assert rows(cli(runs.target, "ls", "-w", "refund").stdout)["refund/stop-1"][0] == "stopped"
+    resolved = cli(runs.target, "resolve", "refund/stop-1", "--fired")
+    assert resolved.returncode == 0, resolved.stderr
+    assert runs.workflow(name="refund").run("stop-1")["receipt"] is True
     assert runs.charges == []
     usage = cli(runs.target, "resolve", "pay/doubt-1")
     assert usage.returncode == 2
@@ -325,13 +355,12 @@ def test_resolve_refusals(runs: Runs) -> None:
 # -- rm and prune ------------------------------------------------------------
 
 
-def test_rm_deletes_only_checkpoints_and_guards_live_runs(runs: Runs) -> None:
-    """rm deletes a finished run's checkpoint only; running/in-doubt runs need --force."""
-    for run, why in (("pay/crash-1", "marked running"), ("pay/doubt-1", "in doubt")):
-        refused = cli(runs.target, "rm", run)
-        assert refused.returncode == 4
-        assert why in one_error_line(refused)
-        assert runs.exists(f"{run}/checkpoint")
+def test_rm_deletes_only_checkpoints_and_guards_in_doubt_runs(runs: Runs) -> None:
+    """rm deletes checkpoints only; an in-doubt run needs --force (live ones: see below)."""
+    refused = cli(runs.target, "rm", "pay/doubt-1")
+    assert refused.returncode == 4
+    assert "in doubt" in one_error_line(refused)
+    assert runs.exists("pay/doubt-1/checkpoint")
     for junk in ("pay/junk", "pay/copy-1"):
         refused = cli(runs.target, "rm", junk, "--force")
         assert refused.returncode == 4
@@ -342,13 +371,91 @@ def test_rm_deletes_only_checkpoints_and_guards_live_runs(runs: Runs) -> None:
     done = cli(runs.target, "rm", "pay/done-1")
     assert done.returncode == 0, done.stderr
     assert "deleted pay/done-1 (completed" in done.stdout
-    forced = cli(runs.target, "rm", "pay/crash-1", "--force")
-    assert forced.returncode == 0, forced.stderr
+    stopped = cli(runs.target, "rm", "pay/crash-1")  # nobody runs it: no --force needed
+    assert stopped.returncode == 0, stopped.stderr
+    assert "deleted pay/crash-1 (stopped" in stopped.stdout
     assert not runs.exists("pay/done-1/checkpoint")
     assert not runs.exists("pay/crash-1/checkpoint")
     assert all(runs.exists(key) for key in [*JUNK, "pay/copy-1/checkpoint"])
     assert runs.exists("pay/doubt-1/checkpoint")
     assert runs.exists("mail/fail-1/checkpoint")
+
+
+# -- a run a live process owns ----------------------------------------------
+
+LIVE_CHILD = """
+import pathlib, sys, time
+import durable_steps as ds
+
+wf = ds.Workflow("live", store=sys.argv[1])
+
+@wf.step()
+def prepare(state):
+    state["n"] = 1
+
+@wf.step(idempotent=False)
+def charge(state):
+    pathlib.Path(sys.argv[2]).touch()  # the intent is written: we are mid-step
+    time.sleep(120)
+
+wf.run("l-1")
+"""
+
+
+@pytest.mark.parametrize("durable_target", LOCAL_AND_MOTO, indirect=True)
+def test_live_run_is_running_until_its_process_dies(
+    durable_target: StoreTarget, tmp_path: Path
+) -> None:
+    """A run a live child process owns is running: show names it, rm and resolve refuse;
+    once the child is SIGKILLed, the same run is stopped and resolves without --force.
+    """
+    ready = tmp_path / "ready"
+    child = subprocess.Popen(
+        [sys.executable, "-c", LIVE_CHILD, durable_target.url, str(ready)],
+        env=durable_target.child_env(),
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while not ready.exists():
+            assert child.poll() is None, child.communicate()[1]
+            assert time.monotonic() < deadline, "the child never reached its step"
+            time.sleep(0.02)
+        who = f"{socket.gethostname()}:{child.pid}"
+
+        table = rows(cli(durable_target, "ls").stdout)
+        assert table["live/l-1"][:3] == ["running", "charge", "(2/2)"]
+        [entry] = json.loads(cli(durable_target, "ls", "--json").stdout)
+        assert (entry["status"], entry["owner"]["pid"]) == ("running", child.pid)
+        shown = cli(durable_target, "show", "live/l-1").stdout
+        assert shown.startswith("live/l-1  running")
+        assert re.search(rf"owner\s+{re.escape(who)} \(lease ends in \d+s\)", shown), shown
+        assert "pending intent" in shown
+        assert f"next: it is being run by {who}" in shown
+
+        rm = cli(durable_target, "rm", "live/l-1")
+        assert rm.returncode == 4
+        assert f"is being run by {who}" in one_error_line(rm)
+        resolve = cli(durable_target, "resolve", "live/l-1", "--fired")
+        assert resolve.returncode == 4
+        assert f"is being run by {who}" in one_error_line(resolve)  # the library's RunLocked
+        assert rows(cli(durable_target, "ls").stdout)["live/l-1"][0] == "running"
+    finally:
+        child.send_signal(signal.SIGKILL)
+        child.communicate()
+
+    assert rows(cli(durable_target, "ls").stdout)["live/l-1"][0] == "stopped"
+    shown = cli(durable_target, "show", "live/l-1").stdout
+    assert shown.startswith("live/l-1  stopped")
+    assert re.search(rf"owner\s+{re.escape(who)} \(gone\)", shown), shown
+    assert "nobody is running it" in shown
+    assert "if it did fire, first `durable-steps resolve live/l-1 --fired`" in shown
+    rm = cli(durable_target, "rm", "live/l-1")
+    assert rm.returncode == 4
+    assert "in doubt" in one_error_line(rm)  # stopped, but its step may have fired
+    resolve = cli(durable_target, "resolve", "live/l-1", "--not-fired")
+    assert resolve.returncode == 0, resolve.stderr
 
 
 def test_prune_is_a_dry_run_until_yes_and_deletes_only_old_completed_runs(runs: Runs) -> None:
@@ -493,6 +600,7 @@ def test_console_script_help_documents_commands_and_exit_codes() -> None:
         "3 run not found",
         "resolve pay/order-17 --fired",
         "--status in-doubt",
+        "stopped    nobody is running it",
         "NO_COLOR",
     ):
         assert text in proc.stdout, text
@@ -510,6 +618,7 @@ def test_colour_only_when_asked_and_never_with_no_color(runs: Runs) -> None:
     painted = cli(runs.target, "ls", "--color", "always")
     assert "\x1b[31mfailed" in painted.stdout
     assert "\x1b[33min-doubt" in painted.stdout
+    assert "\x1b[35mstopped" in painted.stdout
     # Colour never shifts the columns: stripped of escapes, the text is the plain one.
     plain = cli(runs.target, "ls", "--color", "never").stdout
     assert _strip_ansi(painted.stdout).split() == plain.split()
