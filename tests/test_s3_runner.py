@@ -1,0 +1,176 @@
+"""Whole runs on real S3 servers: the request budget, and faults on the wire.
+
+The budget is counted with botocore's event hooks on the client the store
+uses, so it is what really went over the wire. The faults come from
+tests/faultproxy.py, placed between the client and the real server.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections import Counter
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+import durable_steps as ds
+from durable_steps.testing import SimulatedCrash
+from tests.faultproxy import FaultProxy
+from tests.s3servers import S3Server
+
+pytestmark = pytest.mark.s3
+
+
+@pytest.fixture(params=["seaweedfs", "moto"])
+def server(request: pytest.FixtureRequest) -> S3Server:
+    server: S3Server = request.getfixturevalue(request.param)
+    return server
+
+
+@pytest.fixture
+def bucket(server: S3Server, request: pytest.FixtureRequest) -> str:
+    name: str = request.getfixturevalue(f"{server.name}_bucket")
+    return name
+
+
+class Wire:
+    """Every request a boto3 client sends: operation name and headers."""
+
+    def __init__(self, client: Any) -> None:
+        self.requests: list[tuple[str, dict[str, str]]] = []  # since the last reset()
+        self.everything: list[tuple[str, dict[str, str]]] = []
+        client.meta.events.register("before-send.s3", self._seen)
+
+    def _seen(self, request: Any, event_name: str, **_: Any) -> None:
+        seen = (event_name.rsplit(".", 1)[-1], dict(request.headers))
+        self.requests.append(seen)
+        self.everything.append(seen)
+
+    def reset(self) -> None:
+        self.requests.clear()
+
+    def counts(self) -> Counter[str]:
+        kinds = {"PutObject": "PUT", "GetObject": "GET", "ListObjectsV2": "LIST"}
+        return Counter(kinds.get(op, op) for op, _ in self.requests)
+
+    def unconditional_puts(self) -> int:
+        return sum(
+            1
+            for op, headers in self.everything
+            if op == "PutObject" and "If-None-Match" not in headers and "If-Match" not in headers
+        )
+
+
+def agent(store: ds.Store, ledger: list[tuple[int, str]], crash_at: set[str]) -> ds.Workflow:
+    """plan → pay (non-idempotent) → draft, two passes; crash_at names 'step:iteration'."""
+    wf = ds.Workflow("agent", store=store, until=lambda s: s["passes"] == 2)
+
+    def maybe_crash(ctx: ds.Context) -> None:
+        point = f"{ctx.step}:{ctx.iteration}"
+        if point in crash_at:
+            crash_at.discard(point)
+            raise SimulatedCrash(point)
+
+    @wf.step()
+    def plan(state: dict[str, Any], ctx: ds.Context) -> None:
+        state["log"].append(f"plan{ctx.iteration}")
+
+    @wf.step(idempotent=False)
+    def pay(state: dict[str, Any], ctx: ds.Context) -> None:
+        ledger.append((ctx.iteration, ctx.idempotency_key))
+        maybe_crash(ctx)
+        state["log"].append(f"pay{ctx.iteration}")
+
+    @wf.step()
+    def draft(state: dict[str, Any], ctx: ds.Context) -> None:
+        maybe_crash(ctx)
+        state["log"].append(f"draft{ctx.iteration}")
+        state["passes"] += 1
+
+    return wf
+
+
+FINAL = {"log": ["plan0", "pay0", "draft0", "plan1", "pay1", "draft1"], "passes": 2}
+
+
+def test_request_budget_over_the_wire(server: S3Server, bucket: str) -> None:
+    """1 PUT per idempotent step, 2 per non-idempotent, 1 to create; resume: 1 GET + 1 claim PUT."""
+    client = server.client()
+    wire = Wire(client)
+    store = ds.S3Store(bucket, f"budget-{uuid.uuid4().hex[:8]}", client=client)
+    ledger: list[tuple[int, str]] = []
+
+    assert agent(store, ledger, set()).run("fresh", {"log": [], "passes": 0}) == FINAL
+    # create + 2 passes x (plan 1 + pay 2 + draft 1); one GET to look for the run
+    assert wire.counts() == {"GET": 1, "PUT": 1 + 2 * 4}
+
+    wire.reset()
+    with pytest.raises(SimulatedCrash):
+        agent(store, ledger, {"draft:1"}).run("crashy", {"log": [], "passes": 0})
+    assert wire.counts() == {"GET": 1, "PUT": 1 + 4 + 3}  # draft:1 never committed
+
+    wire.reset()
+    assert agent(store, ledger, set()).run("crashy") == FINAL
+    assert wire.counts() == {"GET": 1, "PUT": 1 + 1}  # the claim, then draft:1's commit
+
+    wire.reset()
+    assert agent(store, ledger, set()).run("crashy") == FINAL
+    assert wire.counts() == {"GET": 1}  # completed: read, run nothing
+
+    assert sum(op == "PutObject" for op, _ in wire.everything) == 9 + 8 + 2
+    assert wire.unconditional_puts() == 0
+    assert len({key for _, key in ledger}) == 4  # two runs x two passes, one key each
+
+
+class FaultsBeforeWrites:
+    """Queues a proxy fault just before the store's N-th write (1-based)."""
+
+    def __init__(self, inner: ds.Store, schedule: dict[int, Callable[[], None]]) -> None:
+        self.inner, self.schedule, self.writes = inner, schedule, 0
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    def put(self, key: str, data: bytes, *, match: str | None = None) -> str:
+        self.writes += 1
+        if self.writes in self.schedule:
+            self.schedule[self.writes]()
+        return self.inner.put(key, data, match=match)
+
+
+@pytest.fixture
+def proxy(server: S3Server) -> Iterator[FaultProxy]:
+    p = FaultProxy(server.endpoint_url).start()
+    yield p
+    p.stop()
+
+
+def test_run_survives_faults_on_every_kind_of_write(
+    server: S3Server, bucket: str, proxy: FaultProxy
+) -> None:
+    """Lost responses, 5xx, SlowDown, 409 and timeouts on creates, intents and commits:
+    the run completes with the right state, one payment per key, no false conflict."""
+    client = server.client(endpoint_url=proxy.endpoint_url, read_timeout=1.5)
+    s3 = ds.S3Store(bucket, f"faults-{uuid.uuid4().hex[:8]}", client=client, sleep=lambda _: None)
+    # writes: 1 create, 2 plan0, 3 intent pay0, 4 pay0, 5 draft0, 6 plan1, 7 intent pay1, ...
+    schedule: dict[int, Callable[[], None]] = {
+        1: proxy.drop_after,  # the create landed, its response was lost
+        3: proxy.drop_after,  # the intent landed, its response was lost
+        4: lambda: proxy.status(503),
+        5: proxy.slowdown,
+        6: proxy.conflict409,
+        7: lambda: proxy.delay(3.0),  # the intent PUT outlives the read timeout
+        8: proxy.drop_before,
+        9: proxy.drop_after,  # the final commit (with the terminal marker) lost its answer
+    }
+    ledger: list[tuple[int, str]] = []
+    store = FaultsBeforeWrites(s3, schedule)
+    final = agent(store, ledger, set()).run("r1", {"log": [], "passes": 0})  # type: ignore[arg-type]
+    assert final == FINAL
+    assert proxy.pending() == 0, "every scheduled fault was hit"
+    assert [it for it, _ in ledger] == [0, 1], "each payment fired exactly once"
+    assert ledger[0][1] != ledger[1][1]
+    fresh = agent(ds.S3Store(bucket, s3.prefix, client=server.client()), ledger, set())
+    assert fresh.run("r1") == FINAL  # completed, and readable by a clean client
+    assert len(ledger) == 2
