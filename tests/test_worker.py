@@ -125,6 +125,23 @@ def started(log: Path, step: str, run_id: str) -> bool:
     return any(e[0] == step and e[1] == run_id for e in lines(log))
 
 
+def run_in_child(
+    target: StoreTarget, files: dict[str, Path], children: list[Child], *, seconds: str, lease: str
+) -> Child:
+    """Start run r1 in a child whose fetch step takes ``seconds``; return once it is in it."""
+    child = Child(
+        target,
+        "-m",
+        "tests.workerapp",
+        "r1",
+        WORKERAPP_STEP_SECONDS=seconds,
+        WORKERAPP_LEASE=lease,
+    )
+    children.append(child)
+    wait_for(lambda: started(files["log"], "fetch", "r1"), what="the child's step")
+    return child
+
+
 # --- the Python API -------------------------------------------------------------------
 
 
@@ -238,16 +255,7 @@ def test_live_owner_is_locked_out_while_heartbeat_renews(
     durable_target: StoreTarget, files: dict[str, Path], children: list[Child]
 ) -> None:
     """A run in a long step stays owned past its first lease (heartbeat): others get RunLocked."""
-    child = Child(
-        durable_target,
-        "-m",
-        "tests.workerapp",
-        "r1",
-        WORKERAPP_STEP_SECONDS="4",
-        WORKERAPP_LEASE="1.0",
-    )
-    children.append(child)
-    wait_for(lambda: started(files["log"], "fetch", "r1"), what="the child's step")
+    child = run_in_child(durable_target, files, children, seconds="4", lease="1.0")
     time.sleep(1.5)  # past the lease the step started with: only heartbeats keep it
     wf = fleet(durable_target.open())
     with pytest.raises(ds.RunLocked, match=rf":{child.proc.pid} \(lease ends in"):
@@ -262,16 +270,7 @@ def test_same_host_takeover_after_sigkill_needs_no_wait(
     durable_target: StoreTarget, files: dict[str, Path], children: list[Child]
 ) -> None:
     """A SIGKILLed owner's run is taken over at once on the same host, despite a long lease."""
-    child = Child(
-        durable_target,
-        "-m",
-        "tests.workerapp",
-        "r1",
-        WORKERAPP_STEP_SECONDS="30",
-        WORKERAPP_LEASE="600",
-    )
-    children.append(child)
-    wait_for(lambda: started(files["log"], "fetch", "r1"), what="the child's step")
+    child = run_in_child(durable_target, files, children, seconds="30", lease="600")
     child.signal(signal.SIGKILL)
     child.wait()
     wf = fleet(durable_target.open())
@@ -285,16 +284,7 @@ def test_paused_owner_is_fenced_after_takeover(
     durable_target: StoreTarget, files: dict[str, Path], children: list[Child]
 ) -> None:
     """A holder paused (SIGSTOP) past its lease is taken over; on SIGCONT it is fenced and stops."""
-    child = Child(
-        durable_target,
-        "-m",
-        "tests.workerapp",
-        "r1",
-        WORKERAPP_STEP_SECONDS="2",
-        WORKERAPP_LEASE="1.0",
-    )
-    children.append(child)
-    wait_for(lambda: started(files["log"], "fetch", "r1"), what="the child's step")
+    child = run_in_child(durable_target, files, children, seconds="2", lease="1.0")
     child.signal(signal.SIGSTOP)
     time.sleep(1.6)  # its lease runs out while it cannot renew
     wf = fleet(durable_target.open(), lease=30)
