@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from . import testing
-from ._events import Event
+from ._events import Event, Progress
 from ._step import Context, Retry, Step, step
 from ._version import __version__
 from ._workflow import Workflow
@@ -47,6 +47,7 @@ __all__ = [
     "MemoryStore",
     "ObjectInfo",
     "PickleSerializer",
+    "Progress",
     "Retry",
     "RunLocked",
     "S3Store",

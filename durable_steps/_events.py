@@ -10,11 +10,13 @@ and ignored: observability never breaks a run.
 from __future__ import annotations
 
 import logging
+import sys
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, TextIO
 
-__all__ = ["Event", "EventKind", "emit", "logger"]
+__all__ = ["Event", "EventKind", "Progress", "emit", "logger"]
 
 logger = logging.getLogger("durable_steps")
 
@@ -56,3 +58,48 @@ def emit(subscribers: Sequence[Subscriber], event: Event) -> None:
             subscriber(event)
         except Exception:
             logger.exception("event subscriber %r failed on %s; ignored", subscriber, event.kind)
+
+
+class Progress:
+    """An opt-in progress display: ``Workflow(..., on_event=[ds.Progress()])``.
+
+    On a terminal it keeps one status line up to date (run, pass, step,
+    commits so far, elapsed time, retries); elsewhere (a pipe, a log file) it
+    prints one line per committed step instead, so logs stay readable.
+    """
+
+    def __init__(self, stream: TextIO | None = None) -> None:
+        self.stream = stream if stream is not None else sys.stderr
+        self.tty = bool(getattr(self.stream, "isatty", lambda: False)())
+        self._started = time.monotonic()
+        self._commits = 0
+        self._width = 0
+
+    def __call__(self, event: Event) -> None:
+        """Render ``event``."""
+        run = f"{event.workflow}/{event.run_id}"
+        if event.kind in ("run_started", "run_resumed"):
+            self._started, self._commits = time.monotonic(), 0
+        if event.kind == "step_committed":
+            self._commits += 1
+        elapsed = time.monotonic() - self._started
+        where = f"pass {event.iteration} · {event.step}" if event.step else ""
+        text = {
+            "run_started": f"{run}: started",
+            "run_resumed": f"{run}: resumed at {where}",
+            "step_started": f"{run}: {where} (attempt {event.attempt})",
+            "step_retrying": f"{run}: {where} failed, retrying in {event.duration or 0:.1f}s",
+            "step_committed": f"{run}: {where} done in {event.duration or 0:.2f}s",
+            "step_failed": f"{run}: {where} FAILED: {event.error!r}",
+            "step_in_doubt": f"{run}: {where} may have fired before a crash",
+            "run_completed": f"{run}: completed",
+        }[event.kind]
+        line = f"{text} · {self._commits} steps · {elapsed:.1f}s"
+        final = event.kind in ("run_completed", "step_failed")
+        if self.tty:
+            pad = " " * max(self._width - len(line), 0)
+            self._width = 0 if final else len(line)
+            self.stream.write(f"\r{line}{pad}" + ("\n" if final else ""))
+        elif event.kind in ("step_committed", "run_resumed", "step_in_doubt") or final:
+            self.stream.write(line + "\n")
+        self.stream.flush()

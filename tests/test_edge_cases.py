@@ -365,3 +365,14 @@ def test_retry_default_retries_only_timeouts() -> None:
     with pytest.raises(ds.StepFailed):
         wf.run("r1", {})
     assert attempts == [1]
+
+
+def test_local_delete_removes_a_killed_writers_temp_files(tmp_path: Path) -> None:
+    """Temp files left by a writer killed mid-write go with the run; the directory goes too."""
+    store = ds.LocalStore(tmp_path)
+    store.put("wf/r1/checkpoint", b"data")
+    run_dir = tmp_path / "wf" / "r1"
+    (run_dir / ".tmp-checkpoint-0123456789ab").write_bytes(b"half a checkpoi")
+    assert [o.key for o in store.list("")] == ["wf/r1/checkpoint"]  # never listed
+    store.delete("wf/r1/checkpoint")
+    assert not run_dir.exists()

@@ -7,6 +7,7 @@ wrapper or a step); tests/test_crash.py kills real processes with SIGKILL.
 from __future__ import annotations
 
 import asyncio
+import io
 import logging
 import threading
 from collections.abc import Callable
@@ -949,3 +950,33 @@ def test_errors_survive_pickling(error: ds.DurableStepsError) -> None:
     assert type(copy) is type(error)
     assert copy.__dict__ == error.__dict__
     assert str(copy) == "m"
+
+
+class _Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_progress_display_on_a_terminal_and_in_a_pipe() -> None:
+    """ds.Progress keeps one updated line on a terminal and prints a line per commit elsewhere."""
+    pipe, tty = io.StringIO(), _Terminal()
+    wf = ds.Workflow(
+        "shown",
+        store="memory://",
+        until=lambda s: s["n"] == 2,
+        on_event=[ds.Progress(pipe), ds.Progress(tty)],
+    )
+    wf.step(name="tick")(lambda s: s.update(n=s["n"] + 1))
+    wf.run("r1", {"n": 0})
+    lines = pipe.getvalue().splitlines()
+    assert [line.split(" · ")[0] for line in lines] == [
+        "shown/r1: pass 0",
+        "shown/r1: pass 1",
+        "shown/r1: completed",
+    ]
+    assert "2 steps" in lines[-1]
+    assert "\r" not in pipe.getvalue()
+    screen = tty.getvalue()
+    assert screen.count("\n") == 1
+    assert screen.endswith("\n")
+    assert screen.rsplit("\r", 1)[-1].startswith("shown/r1: completed · 2 steps")

@@ -150,12 +150,19 @@ class LocalStore:
         raise StoreError(f"cannot lock {directory}: it keeps being removed")
 
     def delete(self, key: str) -> None:
-        """Remove ``key`` (and its directory once empty)."""
+        """Remove ``key``, temporary files a killed writer left for it, and
+        its directory once empty.
+        """
         path = self._path(key)
         try:
             with self._locked_dir(path.parent) as dir_fd:
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(path.name, dir_fd=dir_fd)
+                # Temporary files a killed writer left behind go with the object.
+                leftovers = [
+                    n for n in os.listdir(dir_fd) if n.startswith(f"{_TEMP_PREFIX}{path.name}-")
+                ]
+                for name in [path.name, *leftovers]:
+                    with contextlib.suppress(FileNotFoundError):
+                        os.unlink(name, dir_fd=dir_fd)
                 os.fsync(dir_fd)
                 with contextlib.suppress(OSError):  # not empty, or already gone
                     os.rmdir(path.parent)
