@@ -45,7 +45,9 @@ header says how to read the payload and where the run stands:
     "message", "attempts", "at"}``. Cleared by the next commit.
 ``history``
     The most recent commits, oldest first, bounded (so a 10,000-step run does
-    not grow its checkpoint): ``[step, iteration, attempts, seconds, at]``.
+    not grow its checkpoint): ``[step, iteration, attempts, milliseconds,
+    at]`` — integers (``at`` in whole seconds since the epoch) because the
+    header is encoded on every write and floats are its slowest part.
 ``committed``
     How many step commits the run has made in all.
 ``owner``
@@ -131,6 +133,11 @@ def idempotency_key(run_nonce: str, iteration: int, index: int, step: str) -> st
     return "ds-" + hashlib.sha256(material).hexdigest()[:40]
 
 
+def _now() -> float:
+    """Wall-clock seconds to the millisecond: short to write, precise enough."""
+    return round(time.time(), 3)
+
+
 @dataclass(frozen=True)
 class Checkpoint:
     """The header of a checkpoint (see the module docstring for each field)."""
@@ -148,8 +155,8 @@ class Checkpoint:
     history: tuple[tuple[Any, ...], ...] = ()
     committed: int = 0
     owner: dict[str, Any] | None = None
-    created_at: float = field(default_factory=time.time)
-    updated_at: float = field(default_factory=time.time)
+    created_at: float = field(default_factory=_now)
+    updated_at: float = field(default_factory=_now)
 
     @property
     def run(self) -> str:
@@ -158,7 +165,7 @@ class Checkpoint:
 
     def evolve(self, **changes: Any) -> Checkpoint:
         """A copy with ``changes`` applied and ``updated_at`` set to now."""
-        return self.replace(updated_at=time.time(), **changes)
+        return self.replace(updated_at=_now(), **changes)
 
     def replace(self, **changes: Any) -> Checkpoint:
         """A copy with ``changes`` applied.
@@ -188,8 +195,8 @@ class Checkpoint:
         """The header after committing ``step``: cursor moved, intent and
         error cleared, the commit appended to the bounded history.
         """
-        now = time.time()
-        entry = (step, self.iteration, attempts, round(seconds, 4), round(now, 1))
+        now = _now()
+        entry = (step, self.iteration, attempts, round(seconds * 1000), int(now))
         return self.replace(
             status="completed" if completed else "running",
             iteration=iteration,
@@ -207,8 +214,12 @@ def encode(header: Checkpoint, payload: bytes) -> bytes:
     # vars(), not dataclasses.asdict(): the fields are already JSON-ready and
     # asdict's deep copy costs more than the rest of the header together.
     record = {"format": FORMAT, **vars(header), "size": len(payload), "crc32": zlib.crc32(payload)}
-    line = json.dumps(record, separators=(",", ":"), ensure_ascii=True)
-    return line.encode() + b"\n" + payload
+    return _HEADER_JSON.encode(record).encode() + b"\n" + payload
+
+
+# One encoder for every header: json.dumps() with options builds a new
+# encoder per call, which costs more than encoding the header itself.
+_HEADER_JSON = json.JSONEncoder(separators=(",", ":"), ensure_ascii=True)
 
 
 def decode(data: bytes, *, where: str, run: str | None = None) -> tuple[Checkpoint, bytes]:

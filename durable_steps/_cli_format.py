@@ -466,10 +466,10 @@ def describe(header: ckpt.Checkpoint, payload: bytes, size: int, style: Style) -
                 str(s),
                 str(i),
                 str(a),
-                human_duration(float(sec)) if a else "not run (resolved)",
+                human_duration(int(millis) / 1000) if a else "not run (resolved)",
                 human_age(now - float(at)),
             ]
-            for s, i, a, sec, at in header.history
+            for s, i, a, millis, at in header.history
         ]
         lines += ["", style.bold("recent steps (oldest first)")]
         headers = ["STEP", "ITER", "ATTEMPTS", "DURATION", "COMMITTED"]

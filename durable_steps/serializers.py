@@ -40,6 +40,8 @@ __all__ = [
 ]
 
 SIGNING_KEY_ENV = "DURABLE_STEPS_SIGNING_KEY"
+# Built once: json.dumps() with options makes a new encoder on every call.
+_COMPACT_JSON = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"))
 
 
 @runtime_checkable
@@ -74,7 +76,7 @@ class JSONSerializer:
         try:
             # check_circular stays on: a cyclic state gets an error, not a
             # RecursionError.
-            return json.dumps(state, ensure_ascii=False, separators=(",", ":")).encode()
+            return _COMPACT_JSON.encode(state).encode()
         except (TypeError, ValueError) as exc:
             path, why = _locate(state, _json_problem)
             raise SerializationError(

@@ -4,7 +4,7 @@ Run it as a script (it is not a test; ``conftest.py`` here keeps pytest out)::
 
     .venv/bin/python tests/benchmarks/bench.py [--quick] [--json PATH] [--profile]
         [--only overhead,budget,growth,resume,memory,breakdown] [--dir DIR]
-        [--no-s3] [--no-what-if]
+        [--no-s3]
 
 About 2.5 minutes on 2 cores (``--quick``: about 30 s). SeaweedFS and moto are
 started on loopback by ``tests/s3servers.py`` and stopped at the end. Without
@@ -27,8 +27,6 @@ overhead
     passes), each step changing the state a little, like the hand loop; a
     step is timed from one commit to the next, so the run-creating write (and
     the initial GET) is excluded, as is the hand loop's first, creating write.
-    A *what-if* table then re-measures 2 KB with suggested runner changes
-    patched in memory (never on disk), to show their effect.
 budget
     S3 requests per step and to resume, counted with a botocore
     ``before-send`` hook on the store's client, against DESIGN.md's costs;
@@ -70,7 +68,6 @@ import uuid
 import zlib
 from collections import Counter
 from collections.abc import Callable, Iterator
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -425,128 +422,6 @@ def bench_overhead(backends: list[Backend], mode: str) -> tuple[list[dict], str]
     return results, text
 
 
-# -- what-if: the suggested runner/checkpoint changes, patched in at run time --------
-
-
-def _fast_encode(header: ckpt.Checkpoint, payload: bytes) -> bytes:
-    """``_checkpoint.encode`` with ``vars(header)`` instead of ``dataclasses.asdict``."""
-    record = {"format": ckpt.FORMAT, **vars(header)}
-    record["size"] = len(payload)
-    record["crc32"] = zlib.crc32(payload)
-    line = json.dumps(record, separators=(",", ":"), ensure_ascii=True)
-    return line.encode() + b"\n" + payload
-
-
-class _NoThreadHeartbeat:
-    """Stands in for a per-run heartbeat thread armed per step (no thread per step)."""
-
-    lost = False
-
-    def __init__(self, *_: Any) -> None:
-        pass
-
-    def stop(self) -> None:
-        pass
-
-
-@contextlib.contextmanager
-def what_if() -> Iterator[list[str]]:
-    """Patch the runner in this process (never on disk); yields what was patched.
-
-    Every loaded ``durable_steps`` module that holds the original object under
-    that name gets the replacement, wherever the runner's code lives today.
-    """
-    applied: list[str] = []
-    replacements: list[tuple[str, Any, Any]] = []
-    sample = _sample_header()
-    if _fast_encode(sample, b"{}") == ckpt.encode(sample, b"{}"):  # byte-identical
-        replacements.append(("encode", ckpt.encode, _fast_encode))
-        applied.append("header via vars() not asdict()")
-    try:
-        from durable_steps import _lease
-    except ImportError:
-        _lease = None  # type: ignore[assignment]
-    if _lease is not None and hasattr(_lease, "Heartbeat"):
-        replacements.append(("Heartbeat", _lease.Heartbeat, _NoThreadHeartbeat))
-        applied.append("no heartbeat thread per step")
-    saved: list[tuple[Any, str, Any]] = []
-    for module in [m for n, m in sorted(sys.modules.items()) if n.startswith("durable_steps")]:
-        for name, original, new in replacements:
-            if module is not None and getattr(module, name, None) is original:
-                saved.append((module, name, original))
-                setattr(module, name, new)
-    try:
-        yield applied
-    finally:
-        for module, name, original in saved:
-            setattr(module, name, original)
-
-
-def _sample_header() -> ckpt.Checkpoint:
-    header = ckpt.Checkpoint(workflow="bench", run_id="r", steps=("work",), serializer="json")
-    for i in range(ckpt.HISTORY_LIMIT):
-        header = header.with_commit("work", 1, 0.001, iteration=i + 1, next_step=0, completed=False)
-    extra: dict[str, Any] = {
-        "intent": {"step": "work", "index": 0, "iteration": 3, "key": "ds-x", "at": 1.5}
-    }
-    if "owner" in vars(header):
-        extra["owner"] = {"host": "h", "pid": 1, "started": 1.0, "token": "t", "until": 2.0}
-    return header.evolve(**extra)
-
-
-def bench_what_if(backends: list[Backend], mode: str, base: list[dict]) -> tuple[list[dict], str]:
-    results, rows = [], []
-    rounds, steps = PLAN[mode][TARGET_SIZE]
-    with what_if() as applied:
-        for backend in backends:
-            res = measure_pair(backend, TARGET_SIZE, rounds, steps)
-            before = next(
-                (r for r in base if r["store"] == backend.name and r["state_bytes"] == TARGET_SIZE),
-                None,
-            )
-            res["applied"] = applied
-            results.append(res)
-            target = TARGETS[backend.name]
-            rows.append(
-                [
-                    backend.name,
-                    human(TARGET_SIZE),
-                    us(res["hand_step_s"]),
-                    us(res["ds_step_s"]),
-                    f"{before['ratio']:.3f}" if before else "-",
-                    f"{res['ratio']:.3f}",
-                    us(
-                        before["ds_step_s"]
-                        - res["ds_step_s"] * before["hand_step_s"] / res["hand_step_s"]
-                    )
-                    if before
-                    else "-",
-                    f"≤{target:.2f}",
-                    "pass" if res["ratio"] <= target else "miss",
-                ]
-            )
-    text = table(
-        "What-if: the runner with the suggested changes (patched in memory only: "
-        + "; ".join(applied)
-        + ")",
-        [
-            "store",
-            "state",
-            "hand/step",
-            "ds/step",
-            "ratio now",
-            "ratio what-if",
-            "saved/step",
-            "target",
-            "would",
-        ],
-        rows,
-        "Not what ships: shows the measured effect of the suggested _checkpoint/_runner changes. "
-        "saved/step: ds step\ntime now minus what-if, scaled to the same hand-loop speed.",
-    )
-    return results, text
-
-
 # -- request budget ---------------------------------------------------------------
 
 
@@ -832,8 +707,8 @@ def bench_budget(backends: list[S3Backend]) -> tuple[list[dict], str]:
         f"If-None-Match or If-Match ({len(unconditional)} without). A step's requests are "
         "those between the\nprevious commit (or the run's start) and its own commit "
         "(a non-idempotent step's intent PUT included).\n'+1 claim PUT': the runner "
-        "(run leases, in progress) now writes the checkpoint once when it resumes a run,\n"
-        "before the first step: DESIGN.md's 'resuming costs one GET' becomes one GET + one PUT.",
+        "claims the run when it resumes it (one conditional write, before the first step, that\n"
+        "fences off the previous owner): resuming costs one GET and one PUT, and no LIST.",
     )
     return results, text
 
@@ -1183,7 +1058,7 @@ def bench_breakdown(backends: list[Backend]) -> tuple[list[dict], str]:
             header = header.with_commit(
                 "work", 1, 0.001, iteration=i + 1, next_step=0, completed=False
             )
-        record = asdict(header)
+        record = {"format": ckpt.FORMAT, **vars(header)}
         line = json.dumps(record, separators=(",", ":")).encode()
         parts = {
             "state encode: JSONSerializer.dumps": _timeit(lambda: serializer.dumps(state)),
@@ -1194,7 +1069,6 @@ def bench_breakdown(backends: list[Backend]) -> tuple[list[dict], str]:
                 )
             ),
             "checkpoint.encode total": _timeit(lambda: ckpt.encode(header, payload)),
-            "  dataclasses.asdict(header)": _timeit(lambda: asdict(header)),
             "  json.dumps(header)": _timeit(lambda: json.dumps(record, separators=(",", ":"))),
             "  zlib.crc32(payload)": _timeit(lambda: zlib.crc32(payload)),
             "  header + b'\\n' + payload (copy)": _timeit(lambda: line + b"\n" + payload),
@@ -1274,11 +1148,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", default=",".join(SECTIONS), help="comma-separated sections")
     parser.add_argument("--dir", type=Path, help="directory for the local store (default: temp)")
     parser.add_argument("--no-s3", action="store_true", help="skip the S3 servers")
-    parser.add_argument(
-        "--no-what-if",
-        action="store_true",
-        help="skip re-measuring with the suggested runner changes patched in",
-    )
     args = parser.parse_args(argv)
     sections = {s.strip() for s in args.only.split(",") if s.strip()}
     unknown = sections - set(SECTIONS)
@@ -1328,9 +1197,6 @@ def main(argv: list[str] | None = None) -> int:
 
         if "overhead" in sections:
             report["overhead"], t = bench_overhead(backends, mode)
-            texts.append(t)
-        if "overhead" in sections and not args.no_what_if:
-            report["what_if"], t = bench_what_if(backends, mode, report["overhead"])
             texts.append(t)
         if "budget" in sections and s3:
             report["budget"], t = bench_budget(s3)
