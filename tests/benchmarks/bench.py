@@ -189,20 +189,7 @@ class LocalBackend(Backend):
         path, temp = directory / "checkpoint", directory / ".tmp-checkpoint"
 
         def write(data: bytes) -> None:
-            # The article's loop: temp file in the same directory, fsync,
-            # rename over the target, fsync the directory.
-            fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-            try:
-                os.write(fd, data)
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-            os.replace(temp, path)
-            dfd = os.open(directory, os.O_RDONLY)
-            try:
-                os.fsync(dfd)
-            finally:
-                os.close(dfd)
+            child.hand_write_file(directory, path, temp, data)
 
         return write
 

@@ -170,6 +170,23 @@ class _TimedStore:
         self.inner.close()
 
 
+def hand_write_file(directory, path, temp, data: bytes) -> None:
+    """The hand-written local checkpoint: temp file in the same directory,
+    fsync, rename over the target, fsync the directory."""
+    fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        os.write(fd, data)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(temp, path)
+    dfd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(dfd)
+    finally:
+        os.close(dfd)
+
+
 def _hand_local_writer(root: str):
     import json
 
@@ -180,18 +197,7 @@ def _hand_local_writer(root: str):
 
     def write(state) -> int:
         data = json.dumps(state).encode()
-        fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-        try:
-            os.write(fd, data)
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(temp, path)
-        dfd = os.open(directory, os.O_RDONLY)
-        try:
-            os.fsync(dfd)
-        finally:
-            os.close(dfd)
+        hand_write_file(directory, path, temp, data)
         return len(data)
 
     return write
