@@ -597,3 +597,25 @@ def test_proxy_forwards_chunked_bodies(
     assert resp.status == 200
     assert "chunked" in proxy.seen[-1].headers.get("Transfer-Encoding", "")
     assert raw(client, bucket, "chunked") == data
+
+
+def test_lost_response_behind_botocore_retries_is_not_a_conflict(
+    server: S3Server, bucket: str, proxy: FaultProxy, client: Any
+) -> None:
+    """With a user's client that retries inside botocore, a refusal after a lost response is
+    checked against the object, so our own landed write is not taken for a conflict."""
+    retrying = server.client(
+        endpoint_url=proxy.endpoint_url,
+        read_timeout=10,
+        retries={"total_max_attempts": 3, "mode": "standard"},
+    )
+    store = S3Store(bucket, "runs/prod", client=retrying, sleep=lambda _: None)
+    k = key()
+    proxy.drop_after()
+    v1 = store.put(k, b"ours")
+    assert proxy.counts == {"PUT": 2, "GET": 1}  # botocore resent it; we read it back
+    assert store.get(k) == (b"ours", v1)
+    client.put_object(Bucket=bucket, Key=f"runs/prod/{k}", Body=b"theirs")
+    with pytest.raises(CheckpointConflict):
+        store.put(k, b"mine", match=v1)  # a genuine conflict is still one
+    retrying.close()

@@ -21,8 +21,10 @@ have *landed*. Its retry is then refused (412, or 404 for ``If-Match``) by our
 own earlier write. So when a retry is refused, the store reads the object
 back: if it holds exactly the bytes we were writing, the write is ours and its
 ETag is returned; otherwise another writer got there first and the refusal is
-a real :class:`~durable_steps.CheckpointConflict`. (A refusal on the *first*
-attempt is always a conflict; no read is made.) Two writers that write
+a real :class:`~durable_steps.CheckpointConflict`. A refusal on the *first*
+attempt is a conflict at once, with no read — unless the client is one you
+passed in whose botocore retries are on: botocore may then have resent the
+request itself, so the object is read back as for a retry. Two writers that write
 byte-identical checkpoints are indistinguishable this way, which is harmless:
 the object holds exactly what each of them meant to write.
 """
@@ -102,6 +104,16 @@ def _code(exc: ClientError) -> str:
 
 def _status(exc: ClientError) -> int:
     return int(exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0))
+
+
+def _botocore_retries(client: S3Client) -> bool:
+    """Whether ``client`` may resend a request by itself (botocore's retries)."""
+    retries = getattr(client.meta.config, "retries", None) or {}
+    if "total_max_attempts" in retries:
+        return int(retries["total_max_attempts"]) > 1
+    if "max_attempts" in retries:  # counts retries, not attempts
+        return int(retries["max_attempts"]) > 0
+    return True  # botocore's defaults retry
 
 
 def _unsupported(exc: ClientError) -> bool:
@@ -190,6 +202,10 @@ class S3Store:
             )
             client = boto3.session.Session().client("s3", config=config)
         self._client: S3Client = client
+        # A client of the user's may retry inside botocore: a write of ours can
+        # then land and be refused on botocore's retry, before our own retry
+        # logic sees anything, so refusals are checked against the object.
+        self._inner_retries = _botocore_retries(client)
         endpoint = str(client.meta.endpoint_url)
         if unsafe_unconditional_writes:
             warnings.warn(
@@ -329,7 +345,7 @@ class S3Store:
                 gone = match is not None and _code(exc) in _MISSING_KEY_CODES
                 if not (refused or gone):
                     raise
-                if attempt > 1:
+                if attempt > 1 or self._inner_retries:
                     landed = self._get_once(full)
                     if landed is not None and landed[0] == data:
                         return landed[1]  # our earlier attempt landed; its response was lost
