@@ -280,9 +280,10 @@ class RunInfo:
     header: dict[str, Any] | None
     status: str  # the status shown (see run_status), or "corrupt"
     problem: str | None
+    version: str  # as read: deletes are conditional on it
 
     @classmethod
-    def parse(cls, workflow: str, run_id: str, key: str, data: bytes) -> RunInfo:
+    def parse(cls, workflow: str, run_id: str, key: str, data: bytes, version: str) -> RunInfo:
         """Describe the object ``data`` found at ``key``, readable or not."""
         raw = peek_header(data, workflow, run_id)
         status, problem = "corrupt", None
@@ -294,7 +295,7 @@ class RunInfo:
                 status = run_status(header.status, header.owner)
         except CorruptCheckpoint as exc:
             problem = exc.message
-        return cls(workflow, run_id, key, len(data), raw, status, problem)
+        return cls(workflow, run_id, key, len(data), raw, status, problem, version)
 
     @property
     def name(self) -> str:
@@ -312,7 +313,7 @@ def find_runs(store: Store, workflow: str | None) -> list[RunInfo]:
 
     def fetch(item: tuple[str, str, str]) -> RunInfo | None:
         found = store.get(item[2])
-        return None if found is None else RunInfo.parse(*item, found[0])
+        return None if found is None else RunInfo.parse(*item, *found)
 
     with ThreadPoolExecutor(max_workers=max(1, min(16, len(keys)))) as pool:
         return [run for run in pool.map(fetch, keys) if run is not None]

@@ -44,9 +44,10 @@ class Put:
 
 @dataclass(frozen=True)
 class Delete:
-    """Remove a key."""
+    """Remove a key if it is still at version ``match``."""
 
     key: str
+    match: str | None
 
 
 @dataclass(frozen=True)
@@ -82,7 +83,7 @@ def _perform(effect: Effect, store: Store) -> Any:
     if isinstance(effect, Put):
         return store.put(effect.key, effect.data, match=effect.match)
     if isinstance(effect, Delete):
-        return store.delete(effect.key)
+        return store.delete(effect.key, match=effect.match)
     if isinstance(effect, Call):
         result = effect.fn(*effect.args)
         if inspect.isawaitable(result):  # an async callable that looked sync

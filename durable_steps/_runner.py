@@ -82,7 +82,7 @@ def execute(plan: Plan, run_id: str, initial: Any, *, create: bool = True) -> Pr
             if run.header.status == "completed":
                 logger.info("run %s is already complete; nothing to do", run.name)
                 if plan.on_complete == "delete":  # a crash came between commit and delete
-                    yield Delete(run.key)
+                    yield from _delete(run)
                 return run.state
             # The claim: from here on, a process that held the run before us
             # is fenced off by the compare-and-swap of every write it tries.
@@ -483,10 +483,20 @@ def _commit(
 
 def _finish(run: RunState) -> Protocol[Any]:
     if run.plan.on_complete == "delete":
-        yield Delete(run.key)
+        yield from _delete(run)
     logger.info("run %s completed", run.name)
     run.event("run_completed")
     return run.state
+
+
+def _delete(run: RunState) -> Protocol[None]:
+    """Delete the completed run's checkpoint, unless someone wrote it since."""
+    try:
+        yield Delete(run.key, run.version)
+    except CheckpointConflict:
+        # A new run under the same id (or a resolve, a takeover) wrote it after
+        # our last write: it is theirs now, and stays.
+        logger.warning("run %s changed after it completed; its checkpoint was kept", run.name)
 
 
 def resolve(store: Store, workflow: str, run_id: str, *, fired: bool, force: bool = False) -> None:

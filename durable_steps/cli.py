@@ -235,7 +235,7 @@ def _cmd_rm(args: argparse.Namespace, store: Store, style: Style) -> int:
             f"one. Resolve it (`{PROG} resolve {name} --fired|--not-fired`) or pass --force",
             EXIT_REFUSED,
         )
-    store.delete(key)
+    store.delete(key, match=found[1])  # refused if the run changed since we looked
     print(f"deleted {name} ({status_label(status)}, {human_size(len(found[0]))})")
     return EXIT_OK
 
@@ -275,7 +275,11 @@ def _cmd_prune(args: argparse.Namespace, store: Store, style: Style) -> int:
         print(style.dim("dry run: nothing was deleted; add --yes to delete them"))
         return EXIT_OK
     for run, _ in chosen:
-        store.delete(run.key)
+        try:
+            store.delete(run.key, match=run.version)
+        except CheckpointConflict:
+            print(f"{PROG}: kept {run.name}: it changed since it was listed", file=sys.stderr)
+            continue
         print(f"deleted {run.name} ({status_label(run.status)}, {human_size(run.size)})")
     print(f"deleted {len(chosen)} run{'s' * (len(chosen) != 1)} ({total})")
     return EXIT_OK

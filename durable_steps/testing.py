@@ -91,9 +91,9 @@ class CrashingStore:
             raise SimulatedCrash(f"simulated crash after write {self.writes} ({key})")
         return version
 
-    def delete(self, key: str) -> None:
+    def delete(self, key: str, *, match: str | None = None) -> None:
         """Pass through."""
-        self.inner.delete(key)
+        self.inner.delete(key, match=match)
 
     def list(self, prefix: str) -> Iterator[ObjectInfo]:
         """Pass through."""

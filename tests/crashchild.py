@@ -148,9 +148,9 @@ class KillingStore:
             die()
         return version
 
-    def delete(self, key: str) -> None:
+    def delete(self, key: str, *, match: str | None = None) -> None:
         """Pass through."""
-        self.inner.delete(key)
+        self.inner.delete(key, match=match)
 
     def list(self, prefix: str) -> Iterator[ds.ObjectInfo]:
         """Pass through."""

@@ -32,8 +32,8 @@ class Wrapped:
     def put(self, key: str, data: bytes, *, match: str | None = None) -> str:
         return self.inner.put(key, data, match=match)
 
-    def delete(self, key: str) -> None:
-        self.inner.delete(key)
+    def delete(self, key: str, *, match: str | None = None) -> None:
+        self.inner.delete(key, match=match)
 
     def list(self, prefix: str) -> Any:
         return self.inner.list(prefix)

@@ -980,3 +980,28 @@ def test_progress_display_on_a_terminal_and_in_a_pipe() -> None:
     assert screen.count("\n") == 1
     assert screen.endswith("\n")
     assert screen.rsplit("\r", 1)[-1].startswith("shown/r1: completed · 2 steps")
+
+
+def test_on_complete_delete_spares_a_newer_run(store: ds.Store) -> None:
+    """The delete of a completed run is conditional: a run rewritten since then is kept."""
+    wf = ds.Workflow("tidy2", store=store, on_complete="delete")
+    key = ckpt.checkpoint_key("tidy2", "r1")
+
+    @wf.step()
+    def once(state: dict[str, Any]) -> None:
+        state["n"] = 1
+
+    class RewriteBeforeDelete:
+        """Another writer rewrites the checkpoint just before our delete arrives."""
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(store, name)
+
+        def delete(self, k: str, *, match: str | None = None) -> None:
+            data, version = store.get(k)  # type: ignore[misc]
+            store.put(k, data.replace(b'"n":1', b'"n":2'), match=version)
+            store.delete(k, match=match)
+
+    wf.store = RewriteBeforeDelete()  # type: ignore[assignment]
+    assert wf.run("r1", {}) == {"n": 1}
+    assert store.get(key) is not None, "the newer checkpoint survived our late delete"

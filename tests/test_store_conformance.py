@@ -100,6 +100,17 @@ class TestStoreConformance:
         version = store.put("wf/r/checkpoint", b"again")
         assert store.get("wf/r/checkpoint") == (b"again", version)
 
+    def test_conditional_delete(self, store: ds.Store) -> None:
+        """A stale-version delete is refused and keeps the object; the current one deletes."""
+        v1 = store.put("wf/r/checkpoint", b"one")
+        v2 = store.put("wf/r/checkpoint", b"two", match=v1)
+        with pytest.raises(ds.CheckpointConflict):
+            store.delete("wf/r/checkpoint", match=v1)
+        assert store.get("wf/r/checkpoint") == (b"two", v2)
+        store.delete("wf/r/checkpoint", match=v2)
+        assert store.get("wf/r/checkpoint") is None
+        store.delete("wf/r/checkpoint", match=v2)  # already gone: not an error
+
     def test_delete_missing_is_fine(self, store: ds.Store) -> None:
         """Deleting a key that does not exist is not an error."""
         store.delete("wf/never/checkpoint")

@@ -9,6 +9,8 @@ offer, and nothing more:
   (S3 ``If-None-Match: *``).
 * ``put(key, data, match=version)`` replaces the key only if its current
   version is ``version`` (S3 ``If-Match: <ETag>``).
+* ``delete(key, match=version)`` removes it on the same condition, so a late
+  delete never removes a newer run that reused the id.
 
 Both writes return the new version, so the caller never has to read an
 object back to learn it. A refused precondition raises
@@ -59,8 +61,13 @@ class Store(Protocol):
         """
         ...
 
-    def delete(self, key: str) -> None:
-        """Remove ``key``; removing a missing key is not an error."""
+    def delete(self, key: str, *, match: str | None = None) -> None:
+        """Remove ``key``; removing a missing key is not an error.
+
+        With ``match``, remove it only if its version is ``match``; raise
+        :class:`~durable_steps.CheckpointConflict` if another writer changed
+        it since (S3 ``If-Match`` on DeleteObject).
+        """
         ...
 
     def list(self, prefix: str) -> Iterator[ObjectInfo]:

@@ -149,13 +149,18 @@ class LocalStore:
                 os.close(fd)  # closing releases the lock
         raise StoreError(f"cannot lock {directory}: it keeps being removed")
 
-    def delete(self, key: str) -> None:
+    def delete(self, key: str, *, match: str | None = None) -> None:
         """Remove ``key``, temporary files a killed writer left for it, and
         its directory once empty.
         """
         path = self._path(key)
         try:
             with self._locked_dir(path.parent) as dir_fd:
+                current = _stat_or_none(path, path.name, dir_fd)
+                if match is not None and current is not None and _version(current) != match:
+                    raise CheckpointConflict(
+                        f"{path} is not at version {match} any more; not deleted"
+                    )
                 # Temporary files a killed writer left behind go with the object.
                 leftovers = [
                     n for n in os.listdir(dir_fd) if n.startswith(f"{_TEMP_PREFIX}{path.name}-")
@@ -166,6 +171,8 @@ class LocalStore:
                 os.fsync(dir_fd)
                 with contextlib.suppress(OSError):  # not empty, or already gone
                     os.rmdir(path.parent)
+        except CheckpointConflict:
+            raise
         except OSError as exc:
             raise StoreError(f"cannot delete {path}: {exc}") from exc
 

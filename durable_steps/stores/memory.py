@@ -46,9 +46,12 @@ class MemoryStore:
             self._objects[key] = (bytes(data), version, time.time())
             return version
 
-    def delete(self, key: str) -> None:
-        """Remove ``key`` if present."""
+    def delete(self, key: str, *, match: str | None = None) -> None:
+        """Remove ``key`` if present (and, with ``match``, at that version)."""
         with self._lock:
+            current = self._objects.get(key)
+            if match is not None and current is not None and current[1] != match:
+                raise CheckpointConflict(f"memory://{key}: not at version {match} any more")
             self._objects.pop(key, None)
 
     def list(self, prefix: str) -> Iterator[ObjectInfo]:

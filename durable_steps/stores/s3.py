@@ -108,7 +108,7 @@ def _status(exc: ClientError) -> int:
 
 def _botocore_retries(client: S3Client) -> bool:
     """Whether ``client`` may resend a request by itself (botocore's retries)."""
-    retries = getattr(client.meta.config, "retries", None) or {}
+    retries = getattr(getattr(client.meta, "config", None), "retries", None) or {}
     if "total_max_attempts" in retries:
         return int(retries["total_max_attempts"]) > 1
     if "max_attempts" in retries:  # counts retries, not attempts
@@ -376,12 +376,44 @@ class S3Store:
             "Nothing was overwritten; this process must stop."
         )
 
-    def delete(self, key: str) -> None:
-        """Remove ``key``; a missing key is not an error."""
+    def delete(self, key: str, *, match: str | None = None) -> None:
+        """Remove ``key``; a missing key is not an error.
+
+        With ``match``, the delete carries ``If-Match`` and a refusal raises
+        :class:`~durable_steps.CheckpointConflict`. A service that does not
+        implement conditional deletes gets a plain delete and a warning.
+        """
         full = self._key(key)
+        conditional = match is not None and not self._unsafe
 
         def once(_attempt: int) -> None:
-            self._client.delete_object(Bucket=self.bucket, Key=full)
+            nonlocal conditional
+            try:
+                if conditional:
+                    assert match is not None
+                    self._client.delete_object(Bucket=self.bucket, Key=full, IfMatch=match)
+                else:
+                    self._client.delete_object(Bucket=self.bucket, Key=full)
+            except ClientError as exc:
+                if _code(exc) in _MISSING_KEY_CODES:
+                    return  # gone already (perhaps by our own attempt whose answer was lost)
+                if conditional and _unsupported(exc):
+                    warnings.warn(
+                        f"{self!r}: the service does not implement conditional deletes; "
+                        f"deleting {full!r} unconditionally",
+                        RuntimeWarning,
+                        stacklevel=4,
+                    )
+                    conditional = False
+                    self._client.delete_object(Bucket=self.bucket, Key=full)
+                    return
+                if conditional and (_status(exc) == 412 or _code(exc) == "PreconditionFailed"):
+                    # SeaweedFS refuses If-Match on a missing key with 412 where
+                    # AWS says 404: gone is gone, whoever deleted it.
+                    if self._get_once(full) is None:
+                        return
+                    raise self._conflict(full, match) from exc
+                raise
 
         self._retry(once, full)
 

@@ -717,8 +717,8 @@ class CountingStore:
         self.sizes.append(len(data))
         return self.inner.put(key, data, match=match)
 
-    def delete(self, key: str) -> None:
-        self.inner.delete(key)
+    def delete(self, key: str, *, match: str | None = None) -> None:
+        self.inner.delete(key, match=match)
 
     def list(self, prefix: str) -> Iterator[ds.ObjectInfo]:
         return self.inner.list(prefix)

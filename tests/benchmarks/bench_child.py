@@ -160,8 +160,8 @@ class _TimedStore:
     def put(self, key, data, *, match=None):
         return self._timed("put_s", self.inner.put, key, data, match=match)
 
-    def delete(self, key):
-        return self.inner.delete(key)
+    def delete(self, key, *, match=None):
+        return self.inner.delete(key, match=match)
 
     def list(self, prefix):
         return self.inner.list(prefix)
