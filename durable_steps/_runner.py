@@ -51,9 +51,9 @@ from .errors import (
 )
 
 if TYPE_CHECKING:
-    from .stores import Store
+    pass
 
-__all__ = ["RunGone", "execute", "resolve", "submit"]
+__all__ = ["RunGone", "execute", "submit"]
 
 
 class RunGone(DurableStepsError):
@@ -497,41 +497,3 @@ def _delete(run: RunState) -> Protocol[None]:
         # A new run under the same id (or a resolve, a takeover) wrote it after
         # our last write: it is theirs now, and stays.
         logger.warning("run %s changed after it completed; its checkpoint was kept", run.name)
-
-
-def resolve(store: Store, workflow: str, run_id: str, *, fired: bool, force: bool = False) -> None:
-    """Record what happened to a run's in-doubt step (see ``Workflow.resolve``)."""
-    name = f"{workflow}/{run_id}"
-    key = ckpt.checkpoint_key(workflow, run_id)
-    found = store.get(key)
-    if found is None:
-        raise DurableStepsError(f"run {name} does not exist (no checkpoint at {key!r})", run=name)
-    header, payload = ckpt.decode(found[0], where=f"run {name}: checkpoint {key!r}", run=name)
-    if header.intent is None:
-        raise DurableStepsError(
-            f"run {name} has no step in doubt (status {header.status}); nothing to resolve",
-            run=name,
-        )
-    if is_live(header.owner) and not force:
-        assert header.owner is not None
-        raise RunLocked(
-            f"run {name} is being run by {describe(header.owner)}: its step may be firing "
-            "right now, so it is not in doubt. Wait for that process; pass force=True "
-            "(--force) only if it is surely gone.",
-            run=name,
-            step=header.intent.get("step"),
-        )
-    intent = {**header.intent, "resolution": "fired" if fired else "not_fired"}
-    try:
-        store.put(
-            key,
-            ckpt.encode(header.evolve(intent=intent, status="running"), payload),
-            match=found[1],
-        )
-    except CheckpointConflict as exc:
-        raise CheckpointConflict(
-            f"run {name} changed while it was being resolved (is it running?); "
-            "check its status and resolve again",
-            run=name,
-            step=header.intent.get("step"),
-        ) from exc

@@ -8,7 +8,7 @@ import threading
 from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any, Literal, ParamSpec, TypeVar, overload
 
-from . import _runner
+from . import _resolve, _runner
 from ._checkpoint import validate_name
 from ._drivers import drive_async, drive_sync
 from ._events import Subscriber
@@ -215,7 +215,7 @@ class Workflow:
         A run that a live process owns raises :class:`~durable_steps.RunLocked`
         (its step may be firing right now); ``force=True`` overrides.
         """
-        _runner.resolve(
+        _resolve.resolve(
             self.store, self.name, validate_name(run_id, "run id"), fired=fired, force=force
         )
 

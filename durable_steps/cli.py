@@ -41,7 +41,7 @@ from collections.abc import Callable
 from typing import Any, NoReturn
 
 from . import _checkpoint as ckpt
-from . import _cli_worker, _runner
+from . import _cli_worker, _resolve
 from ._cli_format import (
     EPILOG,
     PROG,
@@ -194,7 +194,7 @@ def _cmd_resolve(args: argparse.Namespace, store: Store, style: Style) -> int:
             f"{status_label(run_status(header.status, header.owner))}); nothing to resolve",
             EXIT_REFUSED,
         )
-    _runner.resolve(store, workflow, run_id, fired=args.fired, force=args.force)
+    _resolve.resolve(store, workflow, run_id, fired=args.fired, force=args.force)
     what = (
         "fired: the next run counts it as done without calling it"
         if args.fired
