@@ -30,7 +30,7 @@ the same key, reconcile, or stop, per the step's ``in_doubt`` policy).
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import tenacity
 
@@ -49,9 +49,6 @@ from .errors import (
     StepInDoubt,
     WorkflowChanged,
 )
-
-if TYPE_CHECKING:
-    pass
 
 __all__ = ["RunGone", "execute", "submit"]
 
