@@ -71,6 +71,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import re
 import secrets
 import time
@@ -300,10 +301,22 @@ def _field_problem(h: Checkpoint) -> str | None:  # noqa: PLR0911 - a return per
         return "steps is not a list of names"
     for name in ("iteration", "next_step", "committed"):
         value = getattr(h, name)
-        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        if not _is_int(value) or value < 0:
             return f"{name} is {value!r}, not a count"
     if h.next_step > len(h.steps) or (h.next_step == len(h.steps) and h.status != "completed"):
         return f"next_step {h.next_step} is past the {len(h.steps)} steps"
+    for name in ("created_at", "updated_at"):
+        value = getattr(h, name)
+        if not (_is_int(value) or isinstance(value, float)) or math.isnan(value):
+            return f"{name} is {value!r}, not a time"
+    return _record_problem(h)
+
+
+def _record_problem(h: Checkpoint) -> str | None:
+    """The nested fields' part of :func:`_field_problem`."""
+    for entry in h.history:
+        if len(entry) != 5 or not isinstance(entry[0], str) or not all(map(_is_int, entry[1:])):
+            return f"history entry {list(entry)!r} is not [step, iteration, attempts, ms, at]"
     for name, shape in _SHAPES.items():
         value = getattr(h, name)
         if value is None:
@@ -314,3 +327,7 @@ def _field_problem(h: Checkpoint) -> str | None:  # noqa: PLR0911 - a return per
             if not isinstance(value.get(key), kind) or isinstance(value.get(key), bool):
                 return f"{name}.{key} is {value.get(key)!r}"
     return None
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)

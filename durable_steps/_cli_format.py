@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any, TextIO
 
 from . import _checkpoint as ckpt
-from ._lease import is_live
+from ._lease import is_live, lease_end
 from .errors import CorruptCheckpoint
 from .stores import DEFAULT_STORE, STORE_ENV, Store
 
@@ -329,7 +329,7 @@ def owner_text(owner: dict[str, Any] | None, status: str) -> str:
     if not owner:
         return "none (stopped)" if status == "running" else "none"
     who = f"{owner.get('host')}:{owner.get('pid')}"
-    left = float(owner.get("until", 0)) - time.time()
+    left = lease_end(owner) - time.time()
     if is_live(owner):
         return f"{who} (lease ends in {left:.0f}s)"
     # Not live with its lease left: an owner on this host whose process is gone.

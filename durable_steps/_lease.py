@@ -30,6 +30,7 @@ store prefix without distinct hostnames.
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import secrets
 import socket
@@ -41,7 +42,7 @@ from typing import Any
 from ._events import logger
 from .errors import CheckpointConflict
 
-__all__ = ["Heartbeat", "Owner", "describe", "is_live"]
+__all__ = ["Heartbeat", "Owner", "describe", "is_live", "lease_end"]
 
 _HOST = socket.gethostname()
 _active_tokens: set[str] = set()  # executions running in this process now
@@ -66,7 +67,9 @@ _STARTED = _process_started(os.getpid())
 def _after_fork() -> None:
     # A forked child is another process: its own start time, no live runs.
     global _STARTED  # noqa: PLW0603 - process identity, reset once per fork
+    global _active_lock  # noqa: PLW0603 - another thread may have held it at fork
     _STARTED = _process_started(os.getpid())
+    _active_lock = threading.Lock()
     _active_tokens.clear()
     _BEATER.__init__()  # type: ignore[misc]  # the parent's thread and locks are not ours
 
@@ -103,13 +106,26 @@ class Owner:
                 _active_tokens.discard(self.token)
 
 
+def lease_end(owner: Any) -> float:
+    """The lease's end, or 0.0 (long over) for an owner record that is malformed."""
+    until = owner.get("until") if isinstance(owner, dict) else None
+    if isinstance(until, bool) or not isinstance(until, (int, float)) or not math.isfinite(until):
+        return 0.0
+    return float(until)
+
+
 def is_live(owner: dict[str, Any] | None, *, now: float | None = None) -> bool:
-    """Whether ``owner`` (a header's ``owner`` field) may still be running."""
-    if not owner or float(owner.get("until", 0)) < (time.time() if now is None else now):
+    """Whether ``owner`` (a header's ``owner`` field) may still be running.
+
+    A malformed record never counts as live: it must not lock a run forever.
+    """
+    if not owner or lease_end(owner) < (time.time() if now is None else now):
         return False
     if owner.get("host") != _HOST:
         return True  # another machine, lease not over: assume it is alive
-    pid = int(owner.get("pid", -1))
+    pid = owner.get("pid")
+    if not isinstance(pid, int) or pid <= 0:
+        return False
     if pid == os.getpid():
         with _active_lock:
             return owner.get("token") in _active_tokens
@@ -129,7 +145,7 @@ def _process_alive(pid: int, started: float | None) -> bool:
 
 def describe(owner: dict[str, Any]) -> str:
     """``host:pid (lease ends in 42s)`` for messages."""
-    left = float(owner.get("until", 0)) - time.time()
+    left = lease_end(owner) - time.time()
     return f"{owner.get('host')}:{owner.get('pid')} (lease ends in {max(left, 0):.0f}s)"
 
 
@@ -151,10 +167,11 @@ class Heartbeat:
         self._renew = renew
         self._stopped = False
         self._lock = threading.Lock()  # held while a renewal writes
+        self._in_flight = threading.Lock()  # one renewal at a time per heartbeat
         _BEATER.arm(self)
 
     def beat(self) -> None:
-        """Renew once (called by the beater thread)."""
+        """Renew once (in a thread the beater starts for it)."""
         with self._lock:
             if self._stopped:
                 return
@@ -166,6 +183,12 @@ class Heartbeat:
                 _BEATER.disarm(self)
             except Exception as exc:  # a renewal must never kill the beater
                 logger.warning("run %s: lease renewal failed (%s); will retry", self.name, exc)
+
+    def _beat_in_thread(self) -> None:
+        try:
+            self.beat()
+        finally:
+            self._in_flight.release()
 
     def stop(self) -> None:
         """Stop beating; returns once no renewal is in flight."""
@@ -224,7 +247,15 @@ class _Beater:
 
     def _run(self) -> None:
         while True:
-            self._next().beat()  # outside the condition: arming never waits for a PUT
+            heartbeat = self._next()
+            # Each renewal gets a thread of its own (only steps longer than a
+            # third of the lease ever get here), so one renewal stuck on a slow
+            # store never delays another run's; a heartbeat whose last renewal
+            # is still in flight skips this beat.
+            if heartbeat._in_flight.acquire(blocking=False):
+                threading.Thread(
+                    target=heartbeat._beat_in_thread, name=f"renew {heartbeat.name}", daemon=True
+                ).start()
 
 
 _BEATER = _Beater()

@@ -274,14 +274,17 @@ def _cmd_prune(args: argparse.Namespace, store: Store, style: Style) -> int:
         print("\n".join(table(["WORKFLOW", "RUN", "STATUS", "AGE", "SIZE"], rows, style=style)))
         print(style.dim("dry run: nothing was deleted; add --yes to delete them"))
         return EXIT_OK
+    deleted = []
     for run, _ in chosen:
         try:
             store.delete(run.key, match=run.version)
         except CheckpointConflict:
             print(f"{PROG}: kept {run.name}: it changed since it was listed", file=sys.stderr)
             continue
+        deleted.append(run)
         print(f"deleted {run.name} ({status_label(run.status)}, {human_size(run.size)})")
-    print(f"deleted {len(chosen)} run{'s' * (len(chosen) != 1)} ({total})")
+    size = human_size(sum(r.size for r in deleted))
+    print(f"deleted {len(deleted)} run{'s' * (len(deleted) != 1)} ({size})")
     return EXIT_OK
 
 

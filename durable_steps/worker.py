@@ -48,6 +48,7 @@ from .errors import (
     RunLocked,
     StepFailed,
     StepInDoubt,
+    StoreError,
 )
 
 if TYPE_CHECKING:
@@ -139,9 +140,11 @@ class Worker:
                 done, _ = wait(active, timeout=self.poll, return_when=FIRST_COMPLETED)
                 for future in done:
                     outcome, run_id = future.result(), active.pop(future)
-                    getattr(report, outcome).append(run_id)
-                    if outcome == "errors":
+                    if outcome == "transient":  # the store failed: try again next scan
+                        outcome = "errors"
+                    elif outcome == "errors":
                         self._quarantine[run_id] = None
+                    getattr(report, outcome).append(run_id)
 
     def claimable(
         self, *, limit: int | None = None, exclude: set[str] | frozenset[str] = frozenset()
@@ -173,6 +176,9 @@ class Worker:
             else:  # a full listing: forget runs that are gone
                 for key in self._seen.keys() - listed:
                     del self._seen[key]
+                listed_ids = {k[len(self._prefix) : -len(self._suffix)] for k in listed}
+                for run_id in self._quarantine.keys() - listed_ids:
+                    del self._quarantine[run_id]
         except DurableStepsError as exc:  # the store is down: try again at the next poll
             logger.warning("worker %s: scan failed (%s); retrying", self.workflow.name, exc)
         return found
@@ -203,7 +209,9 @@ class Worker:
         return seen
 
     def _resume(self, run_id: str) -> str:
-        """Resume one run in this thread; return the WorkerReport field it belongs to."""
+        """Resume one run in this thread; return the WorkerReport field it belongs
+        to, or ``transient`` for a store failure worth another try.
+        """
         wf = self.workflow
         plan = wf._plan(run_id, asynchronous=True, stop=self._stopping)
         protocol = execute(plan, run_id, None, create=False)
@@ -227,6 +235,9 @@ class Worker:
                 if isinstance(exc, kind):
                     logger.info("worker: run %s/%s %s: %s", wf.name, run_id, name, exc)
                     return name
+            if isinstance(exc, StoreError):
+                logger.warning("worker: run %s/%s: %s; will retry", wf.name, run_id, exc)
+                return "transient"
             logger.exception("worker: run %s/%s raised", wf.name, run_id)
             return "errors"
         return "completed"
