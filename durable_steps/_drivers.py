@@ -125,6 +125,7 @@ def drive_sync(protocol: Protocol[T], store: Store) -> T:
             send = _perform(item, store)
         except BaseException as exc:  # the protocol decides what an error means
             error = exc
+        item = None  # a Put holds a whole checkpoint: let it go while the step runs
 
 
 async def drive_async(protocol: Protocol[T], store: Store) -> T:
@@ -142,3 +143,4 @@ async def drive_async(protocol: Protocol[T], store: Store) -> T:
             send = await _perform_async(item, store)
         except BaseException as exc:  # the protocol decides what an error means
             error = exc
+        item = None  # a Put holds a whole checkpoint: let it go while the step runs
