@@ -45,6 +45,8 @@ class Plan:
     takeover: bool = False
     stop: threading.Event | None = None
     """Set by a worker to stop the run after its current step (see Released)."""
+    claim: bool = False
+    """Write a claim before the first step of a resumed run (see execute)."""
 
 
 class Released(Exception):
@@ -130,7 +132,9 @@ class RunState:
         """Renew the lease from a thread until stopped (see ``_lease``)."""
 
         def renew() -> None:
-            header = self.stamp(self.header)
+            # A resumed run claims with its first write: this one, if the
+            # step outlasts a third of the lease. So it says "running" too.
+            header = self.stamp(self.header.replace(status="running"))
             data = ckpt.encode(header, self.payload)
             self.version = self.plan.store.put(self.key, data, match=self.version)
             self.header = header

@@ -17,9 +17,10 @@ process last read or wrote::
     PUT header{cursor+1, intent: null} + new payload If-Match: V' → V''
         (the last step's commit also carries status "completed")
 
-The first write of a run is create-only (``If-None-Match: *``); a resume
-first writes a *claim* (the same checkpoint, owned by this process), which
-fences off any earlier owner. A refused condition means another process took
+The first write of a run is create-only (``If-None-Match: *``). A resume
+claims the run (records this process as its owner, fencing off any earlier
+one) with its first write; workers and ``takeover=True`` write that claim
+before the first step. A refused condition means another process took
 the run: :class:`CheckpointConflict`, and nothing further runs. While one step
 runs longer than a third of the lease, a heartbeat renews the lease with the
 same compare-and-swap writes. A crash anywhere leaves either the previous commit
@@ -81,9 +82,15 @@ def execute(plan: Plan, run_id: str, initial: Any, *, create: bool = True) -> Pr
                 if plan.on_complete == "delete":  # a crash came between commit and delete
                     yield from _delete(run)
                 return run.state
-            # The claim: from here on, a process that held the run before us
-            # is fenced off by the compare-and-swap of every write it tries.
-            yield from run.write(run.header.evolve(status="running"), None)
+            if plan.claim:
+                # An explicit claim before any step runs: from here on a process
+                # that held the run is fenced off by the compare-and-swap of
+                # every write it tries, and others see us as the owner. Workers
+                # and takeovers pay this PUT; a plain rerun (whose previous owner
+                # is gone) claims with its first write instead — the intent, the
+                # first commit, or the heartbeat of a long first step — so that
+                # resuming costs one GET.
+                yield from run.write(run.header.evolve(status="running"), None)
         while run.header.status != "completed":
             if plan.stop is not None and plan.stop.is_set():
                 yield from run.write(run.header, None, release=True)

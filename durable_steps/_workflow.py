@@ -150,6 +150,7 @@ class Workflow:
         asynchronous: bool,
         takeover: bool = False,
         stop: threading.Event | None = None,
+        claim: bool = False,
     ) -> Plan:
         validate_name(run_id, "run id")
         if not self._steps:
@@ -172,6 +173,7 @@ class Workflow:
             self.lease,
             takeover,
             stop,
+            claim or takeover,
         )
 
     def run(self, run_id: str, state: Any = None, *, takeover: bool = False) -> Any:

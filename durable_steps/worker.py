@@ -213,7 +213,7 @@ class Worker:
         to, or ``transient`` for a store failure worth another try.
         """
         wf = self.workflow
-        plan = wf._plan(run_id, asynchronous=True, stop=self._stopping)
+        plan = wf._plan(run_id, asynchronous=True, stop=self._stopping, claim=True)
         protocol = execute(plan, run_id, None, create=False)
         outcomes: list[tuple[type[BaseException], str]] = [
             (Released, "released"),

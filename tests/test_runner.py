@@ -9,7 +9,9 @@ from __future__ import annotations
 import asyncio
 import io
 import logging
+import os
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -1005,3 +1007,29 @@ def test_on_complete_delete_spares_a_newer_run(store: ds.Store) -> None:
     wf.store = RewriteBeforeDelete()  # type: ignore[assignment]
     assert wf.run("r1", {}) == {"n": 1}
     assert store.get(key) is not None, "the newer checkpoint survived our late delete"
+
+
+def test_resume_claims_with_its_first_write(store: ds.Store) -> None:
+    """A plain rerun writes no separate claim: a long first step is claimed by its heartbeat."""
+    seen: list[ckpt.Checkpoint] = []
+    broken = {"on": True}
+    wf = ds.Workflow("lazy", store=store, lease=0.3)  # heartbeat every 0.1 s
+
+    @wf.step()
+    def slow(state: dict[str, Any]) -> None:
+        if broken["on"]:
+            raise ValueError("first try fails")
+        time.sleep(0.35)
+        seen.append(header_of(store, "lazy", "r1"))
+
+    with pytest.raises(ds.StepFailed):
+        wf.run("r1", {})
+    failed = header_of(store, "lazy", "r1")
+    assert (failed.status, failed.owner) == ("failed", None)
+    broken["on"] = False
+    wf.run("r1")
+    during = seen[0]
+    assert during.status == "running", "the heartbeat's write is the claim"
+    assert during.owner is not None
+    assert during.owner["pid"] == os.getpid()
+    assert during.next_step == 0

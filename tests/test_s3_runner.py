@@ -95,7 +95,7 @@ FINAL = {"log": ["plan0", "pay0", "draft0", "plan1", "pay1", "draft1"], "passes"
 
 
 def test_request_budget_over_the_wire(server: S3Server, bucket: str) -> None:
-    """1 PUT per idempotent step, 2 per non-idempotent, 1 to create; resume: 1 GET + 1 claim PUT."""
+    """1 PUT per idempotent step, 2 per non-idempotent, 1 to create; resume: 1 GET, no LIST."""
     client = server.client()
     wire = Wire(client)
     store = ds.S3Store(bucket, f"budget-{uuid.uuid4().hex[:8]}", client=client)
@@ -112,13 +112,13 @@ def test_request_budget_over_the_wire(server: S3Server, bucket: str) -> None:
 
     wire.reset()
     assert agent(store, ledger, set()).run("crashy") == FINAL
-    assert wire.counts() == {"GET": 1, "PUT": 1 + 1}  # the claim, then draft:1's commit
+    assert wire.counts() == {"GET": 1, "PUT": 1}  # draft:1's commit, which also claims the run
 
     wire.reset()
     assert agent(store, ledger, set()).run("crashy") == FINAL
     assert wire.counts() == {"GET": 1}  # completed: read, run nothing
 
-    assert sum(op == "PutObject" for op, _ in wire.everything) == 9 + 8 + 2
+    assert sum(op == "PutObject" for op, _ in wire.everything) == 9 + 8 + 1
     assert wire.unconditional_puts() == 0
     assert len({key for _, key in ledger}) == 4  # two runs x two passes, one key each
 

@@ -38,7 +38,7 @@ growth
 resume
     Popen to the first re-fired step for a run with 1 MB of state that a first
     child left by SIGKILLing itself mid-run, split into interpreter start,
-    imports, store creation, GET, the resume's claim PUT, and decoding.
+    imports, store creation, GET, any PUT before the first step, and decoding.
 memory
     Peak RSS of checkpointing a 10 MB state for 100 steps (in a child), over
     the RSS after building the state, in multiples of the encoded state; plus
@@ -693,9 +693,9 @@ def bench_budget(backends: list[S3Backend]) -> tuple[list[dict], str]:
         f"Conditional writes: {'every' if cond_ok else 'NOT every'} checkpoint PUT carried "
         f"If-None-Match or If-Match ({len(unconditional)} without). A step's requests are "
         "those between the\nprevious commit (or the run's start) and its own commit "
-        "(a non-idempotent step's intent PUT included).\n'+1 claim PUT': the runner "
-        "claims the run when it resumes it (one conditional write, before the first step, that\n"
-        "fences off the previous owner): resuming costs one GET and one PUT, and no LIST.",
+        "(a non-idempotent step's intent PUT included).\n'+1 claim PUT' would mean a "
+        "separate claim before the first step; a plain rerun claims with its first write\n"
+        "(workers and takeover=True write a claim first).",
     )
     return results, text
 
