@@ -15,39 +15,7 @@ from durable_steps import _checkpoint as ckpt
 from durable_steps import _cli_format, cli
 from durable_steps._lease import Heartbeat
 from durable_steps.errors import StoreError
-
-
-class Wrapped:
-    """A store that delegates to ``inner``; tests override single methods."""
-
-    def __init__(self, inner: ds.Store) -> None:
-        self.inner = inner
-
-    def get(self, key: str) -> tuple[bytes, str] | None:
-        return self.inner.get(key)
-
-    def put(self, key: str, data: bytes, *, match: str | None = None) -> str:
-        return self.inner.put(key, data, match=match)
-
-    def delete(self, key: str, *, match: str | None = None) -> None:
-        self.inner.delete(key, match=match)
-
-    def list(self, prefix: str) -> Any:
-        return self.inner.list(prefix)
-
-    def close(self) -> None:
-        self.inner.close()
-
-
-def rewrite_header(store: ds.Store, key: str, **fields: Any) -> None:
-    """Change header fields in place (payload, size and crc32 untouched)."""
-    found = store.get(key)
-    assert found is not None
-    line, _, payload = found[0].partition(b"\n")
-    record = json.loads(line)
-    record.update(fields)
-    store.put(key, json.dumps(record).encode() + b"\n" + payload, match=found[1])
-
+from tests.storetools import Wrapped, rewrite_header
 
 # --- heartbeat ------------------------------------------------------------------
 
