@@ -223,6 +223,24 @@ def encode(header: Checkpoint, payload: bytes) -> bytes:
 _HEADER_JSON = json.JSONEncoder(separators=(",", ":"), ensure_ascii=True)
 
 
+def split_header(data: bytes) -> tuple[dict[str, Any], bytes] | None:
+    """``(header record, payload)`` if the first line is a header, else None.
+
+    Only the header line is parsed and nothing is checked beyond its being a
+    JSON object with a ``format``: :func:`decode` checks the rest, and the
+    command line uses this alone to recognise a checkpoint whose payload may
+    be damaged.
+    """
+    newline = data.find(b"\n")
+    try:
+        record = json.loads(data[:newline]) if newline >= 0 else None
+    except ValueError:
+        return None
+    if not isinstance(record, dict) or "format" not in record:
+        return None
+    return record, data[newline + 1 :]
+
+
 def decode(data: bytes, *, where: str, run: str | None = None) -> tuple[Checkpoint, bytes]:
     """Parse stored bytes into ``(header, payload)``.
 
@@ -231,17 +249,14 @@ def decode(data: bytes, *, where: str, run: str | None = None) -> tuple[Checkpoi
     :class:`CorruptCheckpoint` for anything that is not a complete checkpoint
     of a format this version can read.
     """
-    newline = data.find(b"\n")
-    try:
-        record = json.loads(data[:newline]) if newline >= 0 else None
-    except ValueError:
-        record = None
-    if not isinstance(record, dict) or "format" not in record:
+    split = split_header(data)
+    if split is None:
         raise CorruptCheckpoint(
             f"{where} is not a durable_steps checkpoint (no valid header line). "
             "It was left untouched; restore it or delete the run to start over.",
             run=run,
         )
+    record, payload = split
     version = record.pop("format")
     if not isinstance(version, int) or version > FORMAT:
         raise CorruptCheckpoint(
@@ -249,7 +264,6 @@ def decode(data: bytes, *, where: str, run: str | None = None) -> tuple[Checkpoi
             f"reads (format {FORMAT}). Upgrade durable_steps to resume it; it was left untouched.",
             run=run,
         )
-    payload = data[newline + 1 :]
     size, crc = record.pop("size", None), record.pop("crc32", None)
     if size != len(payload) or crc != zlib.crc32(payload):
         raise CorruptCheckpoint(

@@ -257,12 +257,9 @@ def peek_header(data: bytes, workflow: str, run_id: str) -> dict[str, Any] | Non
     it names must be the one the key says: this is what ``rm`` and ``prune``
     require before deleting anything.
     """
-    newline = data.find(b"\n")
-    try:
-        record = json.loads(data[:newline]) if newline > 0 else None
-    except ValueError:
-        return None
-    if not isinstance(record, dict) or not isinstance(record.get("format"), int):
+    split = ckpt.split_header(data)
+    record = split[0] if split else None
+    if record is None or not isinstance(record.get("format"), int):
         return None
     if record.get("workflow") != workflow or record.get("run_id") != run_id:
         return None
