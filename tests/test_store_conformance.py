@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import multiprocessing
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -31,6 +32,28 @@ def _race_in_child(target_url: str, env: dict[str, str], key: str, barrier_dir: 
     except ds.CheckpointConflict:
         return "lost"
     return "won"
+
+
+def _race(n: int, write: Callable[[int], object]) -> list[bool]:
+    """Run ``write(i)`` in ``n`` threads released together; whether each won."""
+    results: list[bool | None] = [None] * n
+    barrier = threading.Barrier(n)
+
+    def attempt(i: int) -> None:
+        barrier.wait()
+        try:
+            write(i)
+            results[i] = True
+        except ds.CheckpointConflict:
+            results[i] = False
+
+    threads = [threading.Thread(target=attempt, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert None not in results, "every writer either won or got CheckpointConflict"
+    return [bool(r) for r in results]
 
 
 class TestStoreConformance:
@@ -138,47 +161,18 @@ class TestStoreConformance:
 
     def test_create_race_between_threads(self, store: ds.Store) -> None:
         """Eight threads create one key at once: exactly one wins."""
-        results: list[str] = []
-        barrier = threading.Barrier(8)
-
-        def attempt(i: int) -> None:
-            barrier.wait()
-            try:
-                store.put("wf/race/checkpoint", f"writer {i}".encode())
-                results.append(f"won {i}")
-            except ds.CheckpointConflict:
-                results.append("lost")
-
-        threads = [threading.Thread(target=attempt, args=(i,)) for i in range(8)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        winners = [r for r in results if r.startswith("won")]
+        results = _race(8, lambda i: store.put("wf/race/checkpoint", f"writer {i}".encode()))
+        winners = [i for i, won in enumerate(results) if won]
         assert len(winners) == 1, results
-        assert len(results) == 8
-        assert store.get("wf/race/checkpoint")[0] == f"writer {winners[0][4:]}".encode()  # type: ignore[index]
+        assert store.get("wf/race/checkpoint")[0] == f"writer {winners[0]}".encode()  # type: ignore[index]
 
     def test_swap_race_between_threads(self, store: ds.Store) -> None:
         """Six threads swap from one version at once: exactly one wins."""
         base = store.put("wf/swap/checkpoint", b"base")
-        results: list[str] = []
-        barrier = threading.Barrier(6)
-
-        def attempt(i: int) -> None:
-            barrier.wait()
-            try:
-                store.put("wf/swap/checkpoint", f"writer {i}".encode(), match=base)
-                results.append("won")
-            except ds.CheckpointConflict:
-                results.append("lost")
-
-        threads = [threading.Thread(target=attempt, args=(i,)) for i in range(6)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        assert results.count("won") == 1, results
+        results = _race(
+            6, lambda i: store.put("wf/swap/checkpoint", f"writer {i}".encode(), match=base)
+        )
+        assert results.count(True) == 1, results
 
 
 def test_create_race_between_processes(durable_target: StoreTarget, tmp_path: Path) -> None:
