@@ -30,16 +30,21 @@ header says how to read the payload and where the run stands:
 ``status``
     ``running``, ``failed`` (a step used up its retries; see ``error``),
     ``in_doubt`` (a step with ``in_doubt="raise"`` stopped the run; see
-    ``intent``) or ``completed`` (the terminal marker: the payload is the
-    final state and a rerun runs nothing).
+    ``intent``), ``completed`` (the terminal marker: the payload is the
+    final state and a rerun runs nothing) or ``deleted`` (a *tombstone*: the
+    run completed under ``on_complete="delete"``, its state is gone and the
+    payload is empty; a rerun runs nothing and returns ``None``, and a late
+    create-only write of the run can never land over it).
 ``iteration``, ``next_step``
     The cursor: steps ``[0, next_step)`` of pass ``iteration`` (0-based) are
     committed, and the payload is the state after them.
 ``intent``
     ``null``, or the non-idempotent step that may be firing:
-    ``{"step", "index", "iteration", "key", "at"}``. Written (with the
-    unchanged payload) *before* the step fires; cleared by its commit. An
-    intent found on resume means the step may have fired.
+    ``{"step", "index", "iteration", "key", "at", "policy"}`` (``policy``:
+    the step's in-doubt policy, ``refire``, ``raise`` or ``reconcile``, so
+    tools can say what a resume will do). Written (with the unchanged
+    payload) *before* the step fires, also before every re-fire; cleared by
+    its commit. An intent found on resume means the step may have fired.
 ``error``
     ``null``, or the last failure: ``{"step", "iteration", "type",
     "message", "attempts", "at"}``. Cleared by the next commit.
@@ -60,6 +65,12 @@ header says how to read the payload and where the run stands:
 ``size``, ``crc32``
     Length and CRC-32 of the payload: a truncated or damaged object is
     detected before anything is decoded.
+``sig``
+    Only with a signing key, and always the line's last field: the hex
+    HMAC-SHA256 of the header line as written without it, bound to the
+    payload (see :meth:`SignedSerializer.seal`). A reader with the key
+    refuses a checkpoint without it, or whose tag does not verify, before it
+    trusts any field.
 
 The header is compact and small (well under a kilobyte), so writing it next
 to the payload costs about nothing; the payload itself is encoded once per
@@ -70,6 +81,7 @@ non-idempotent step.
 from __future__ import annotations
 
 import hashlib
+import hmac
 import json
 import math
 import re
@@ -77,7 +89,7 @@ import secrets
 import time
 import zlib
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 from .errors import CorruptCheckpoint, DefinitionError
 
@@ -85,6 +97,7 @@ __all__ = [
     "FORMAT",
     "HISTORY_LIMIT",
     "Checkpoint",
+    "Signer",
     "checkpoint_key",
     "decode",
     "encode",
@@ -94,8 +107,8 @@ __all__ = [
 
 FORMAT = 1
 HISTORY_LIMIT = 10
-Status = Literal["running", "failed", "in_doubt", "completed"]
-_STATUSES = ("running", "failed", "in_doubt", "completed")
+Status = Literal["running", "failed", "in_doubt", "completed", "deleted"]
+_STATUSES = ("running", "failed", "in_doubt", "completed", "deleted")
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._@=+:-]{0,199}")
 CHECKPOINT_OBJECT = "checkpoint"
 
@@ -210,12 +223,65 @@ class Checkpoint:
         )
 
 
-def encode(header: Checkpoint, payload: bytes) -> bytes:
-    """Serialize ``header`` and ``payload`` into the stored bytes."""
+class Signer(Protocol):
+    """What signs a checkpoint (:class:`~durable_steps.SignedSerializer` does)."""
+
+    def seal(self, header: bytes, payload: bytes) -> str:
+        """The hex tag that binds the header line ``header`` to ``payload``."""
+        ...
+
+
+def encode(header: Checkpoint, payload: bytes, signer: Signer | None = None) -> bytes:
+    """Serialize ``header`` and ``payload`` into the stored bytes.
+
+    With a ``signer`` the header line ends in a ``"sig"`` field: a tag over
+    the line written without it, and over the payload (see ``seal``). It is
+    appended as the line's last field so a reader recovers the signed bytes
+    exactly by cutting it off, with no canonical re-encoding.
+    """
     # vars(), not dataclasses.asdict(): the fields are already JSON-ready and
     # asdict's deep copy costs more than the rest of the header together.
     record = {"format": FORMAT, **vars(header), "size": len(payload), "crc32": zlib.crc32(payload)}
-    return _HEADER_JSON.encode(record).encode() + b"\n" + payload
+    line = _HEADER_JSON.encode(record).encode()
+    if signer is not None:
+        line = b'%s,"sig":"%s"}' % (line[:-1], signer.seal(line, payload).encode())
+    return line + b"\n" + payload
+
+
+_SIG_TAIL = re.compile(rb',"sig":"([0-9a-f]{64})"\}\Z')
+
+
+def _unseal(data: bytes, signer: Signer | None, where: str, run: str | None) -> None:
+    """Check a signed checkpoint's tag before anything in it is trusted.
+
+    Guarantee 10: with a signing key, the header (status, cursor, nonce,
+    intent, owner) is authenticated together with the payload, and the run
+    it names is checked against the key it was read from by the caller, so
+    an edited header or a payload moved from another run is refused unread.
+    """
+    if signer is None:
+        return
+    newline = data.find(b"\n")
+    line = data[:newline] if newline >= 0 else data
+    offset = max(len(line) - 80, 0)  # the tag is the line's last field: look there only
+    found = _SIG_TAIL.search(line, offset)
+    if found is None:
+        raise CorruptCheckpoint(
+            f"{where} is not signed, but a signing key is set, so it is refused unread: "
+            "anyone who can write the store could have written it (or it was signed by "
+            "durable_steps 0.1, whose signature covered the state only). Resume it without "
+            "the key only if you trust every writer of the store; it was left untouched.",
+            run=run,
+        )
+    body = line[: found.start()] + b"}"
+    payload = data[newline + 1 :] if newline >= 0 else b""
+    if not hmac.compare_digest(found.group(1).decode(), signer.seal(body, payload)):
+        raise CorruptCheckpoint(
+            f"{where}: its signature does not verify: the checkpoint was changed by someone "
+            "without the signing key (or signed with another key, or moved from another "
+            "run). It was refused unread and left untouched.",
+            run=run,
+        )
 
 
 # One encoder for every header: json.dumps() with options builds a new
@@ -241,14 +307,18 @@ def split_header(data: bytes) -> tuple[dict[str, Any], bytes] | None:
     return record, data[newline + 1 :]
 
 
-def decode(data: bytes, *, where: str, run: str | None = None) -> tuple[Checkpoint, bytes]:
+def decode(
+    data: bytes, *, where: str, run: str | None = None, signer: Signer | None = None
+) -> tuple[Checkpoint, bytes]:
     """Parse stored bytes into ``(header, payload)``.
 
     ``where`` names the object in error messages and ``run`` goes into the
     error's ``run`` field. Raises
     :class:`CorruptCheckpoint` for anything that is not a complete checkpoint
-    of a format this version can read.
+    of a format this version can read, or, with a ``signer``, that is not
+    signed by its key.
     """
+    _unseal(data, signer, where, run)
     split = split_header(data)
     if split is None:
         raise CorruptCheckpoint(
@@ -257,6 +327,7 @@ def decode(data: bytes, *, where: str, run: str | None = None) -> tuple[Checkpoi
             run=run,
         )
     record, payload = split
+    record.pop("sig", None)  # checked above when a key is set; ignored otherwise
     version = record.pop("format")
     if not isinstance(version, int) or version > FORMAT:
         raise CorruptCheckpoint(
@@ -317,7 +388,9 @@ def _field_problem(h: Checkpoint) -> str | None:  # noqa: PLR0911 - a return per
         value = getattr(h, name)
         if not _is_int(value) or value < 0:
             return f"{name} is {value!r}, not a count"
-    if h.next_step > len(h.steps) or (h.next_step == len(h.steps) and h.status != "completed"):
+    if h.next_step > len(h.steps) or (
+        h.next_step == len(h.steps) and h.status not in ("completed", "deleted")
+    ):
         return f"next_step {h.next_step} is past the {len(h.steps)} steps"
     for name in ("created_at", "updated_at"):
         value = getattr(h, name)

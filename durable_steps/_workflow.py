@@ -16,7 +16,7 @@ from ._run import Plan
 from ._step import InDoubt, Retry, Step
 from .errors import DefinitionError
 from .serializers import Serializer, resolve_serializer
-from .stores import open_store
+from .stores import STORE_ENV, open_store
 
 if TYPE_CHECKING:
     from .stores import Store
@@ -75,6 +75,8 @@ class Workflow:
         self.on_complete = on_complete
         self.serializer = resolve_serializer(serializer, signing_key)
         self.store = open_store(store)
+        # Nobody chose this store: a rerun elsewhere would not find its runs.
+        self._implicit_store = store is None and not os.environ.get(STORE_ENV)
         self.on_event = tuple(on_event)
         self._steps: list[Step[..., Any]] = []
         for s in steps or ():
@@ -174,6 +176,7 @@ class Workflow:
             takeover,
             stop,
             claim or takeover,
+            self._implicit_store,
         )
 
     def run(self, run_id: str, state: Any = None, *, takeover: bool = False) -> Any:
