@@ -15,7 +15,7 @@ from ._events import Subscriber
 from ._run import Plan
 from ._step import InDoubt, Retry, Step
 from .errors import DefinitionError
-from .serializers import Serializer, resolve_serializer
+from .serializers import Serializer, SignedSerializer, resolve_serializer
 from .stores import STORE_ENV, open_store
 
 if TYPE_CHECKING:
@@ -220,8 +220,14 @@ class Workflow:
         A run that a live process owns raises :class:`~durable_steps.RunLocked`
         (its step may be firing right now); ``force=True`` overrides.
         """
+        signer = self.serializer if isinstance(self.serializer, SignedSerializer) else None
         _resolve.resolve(
-            self.store, self.name, validate_name(run_id, "run id"), fired=fired, force=force
+            self.store,
+            self.name,
+            validate_name(run_id, "run id"),
+            fired=fired,
+            force=force,
+            signer=signer,
         )
 
     def __repr__(self) -> str:
