@@ -32,6 +32,7 @@ a decoded state. Neither does I/O or knows the format that stores the ops.
 
 from __future__ import annotations
 
+from operator import is_
 from typing import Any
 
 __all__ = ["Tracker", "apply", "diff", "snapshot"]
@@ -52,20 +53,32 @@ def snapshot(value: Any) -> Any:
 
 
 def _same(old: Any, new: Any) -> bool:
-    """Equal and of the same types all the way down (``1 == True`` is not the same).
+    """Equal, of the same types and in the same key order, all the way down.
 
-    ``==`` runs first (at C speed, stopping at identical leaves); only when it
-    says equal are types checked, and only where ``==`` could be fooled.
+    ``1 == True == 1.0`` and dicts compare equal in any key order, so ``==``
+    alone is not enough. An unchanged part of the state shares its keys and
+    leaves with the shadow by identity, so the checks run as C-level ``is``
+    over whole key and value sequences first; Python only looks deeper at
+    values that are not identical (nested containers, changed leaves).
     """
     if old is new:
         return True
-    if type(old) is not type(new) or old != new:
+    kind = type(new)
+    if type(old) is not kind:
         return False
-    if type(new) is dict:
-        return list(old) == list(new) and all(_same(old[k], v) for k, v in new.items())
-    if type(new) is list:
-        return all(_same(a, b) for a, b in zip(old, new))
-    return True
+    if kind is dict:
+        if len(old) != len(new) or not (all(map(is_, old, new)) or list(old) == list(new)):
+            return False
+        olds, news = old.values(), new.values()
+    elif kind is list:
+        if len(old) != len(new):
+            return False
+        olds, news = old, new
+    else:
+        return bool(old == new)
+    if all(map(is_, olds, news)):
+        return True
+    return all(a is b or _same(a, b) for a, b in zip(olds, news))
 
 
 def diff(old: Any, new: Any) -> list[list[Any]]:
