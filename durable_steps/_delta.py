@@ -52,7 +52,7 @@ def snapshot(value: Any) -> Any:
     return value
 
 
-def _same(old: Any, new: Any) -> bool:
+def _same(old: Any, new: Any) -> bool:  # noqa: PLR0911 - a return per kind of value
     """Equal, of the same types and in the same key order, all the way down.
 
     ``1 == True == 1.0`` and dicts compare equal in any key order, so ``==``
@@ -78,7 +78,7 @@ def _same(old: Any, new: Any) -> bool:
         return bool(old == new)
     if all(map(is_, olds, news)):
         return True
-    return all(a is b or _same(a, b) for a, b in zip(olds, news))
+    return all(a is b or _same(a, b) for a, b in zip(olds, news, strict=True))
 
 
 def diff(old: Any, new: Any) -> list[list[Any]]:
@@ -150,7 +150,7 @@ def apply(state: Any, ops: list[list[Any]]) -> Any:
     return state
 
 
-def _apply_one(state: Any, op: list[Any]) -> Any:
+def _apply_one(state: Any, op: list[Any]) -> Any:  # noqa: PLR0912 - a branch per kind of op
     kind, path = op[0], op[1]
     if not isinstance(path, list):
         raise TypeError("the path is not a list")
