@@ -263,11 +263,13 @@ def _advance(run: RunState, step: Step[..., Any], index: int) -> Protocol[None]:
             "policy": "reconcile" if step.reconcile is not None else step.in_doubt,
         }
         yield from run.write(header.evolve(intent=intent, status="running"), step.name)
-    if run.version is not None and run.owner.remaining() < run.plan.lease / 3:
-        # The last write was slow to land, and the lease it carried is mostly
-        # (or all) spent: renew it before the step starts, so that nobody
-        # can take the run over while the step fires.
-        yield from run.write(run.header.evolve(status="running"), step.name)
+        if run.owner.remaining() < run.plan.lease / 3:
+            # The intent was slow to land, and the lease it carried is mostly
+            # (or all) spent: renew it before the step fires, so that nobody
+            # can take the run over while its side effect is under way. (An
+            # idempotent step needs no such care: a takeover fences it off at
+            # its commit, and running it twice is harmless.)
+            yield from run.write(run.header.evolve(status="running"), step.name)
 
     started = time.monotonic()
     heartbeat = run.heartbeat()
