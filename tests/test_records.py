@@ -9,6 +9,7 @@ incomplete or implausible record is CorruptCheckpoint, never another exception.
 from __future__ import annotations
 
 import collections
+import copy
 import enum
 import json
 import math
@@ -18,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 import durable_steps as ds
@@ -121,13 +122,21 @@ def test_json_refuses_what_a_resume_would_see_changed(value: Any, path: str, hin
 
 
 def test_state_after_commit_is_the_state_a_resume_sees() -> None:
-    """What a step stores (JSON) is what the next step sees, crashed or not."""
+    """The next step sees the same state, types included, live or resumed after a crash."""
     seen: list[Any] = []
-    wf = ds.Workflow("same", store=ds.MemoryStore())
-    state = {"by_id": {"1": "a"}, "pair": [1, 2], "x": 1.0, "b": True, "none": None}
-    wf.step(name="put")(lambda s: s.update(state))
-    wf.step(name="look")(lambda s: seen.append(json.loads(json.dumps(s))) or seen.append(s))
-    wf.run("r1", {})
+
+    def put(state: dict[str, Any]) -> None:
+        state.update(by_id={"1": "a"}, pair=[1, 2], x=1.0, n=1, b=True, none=None)
+
+    def look(state: dict[str, Any]) -> None:
+        seen.append(copy.deepcopy(state))
+        if len(seen) == 1:
+            raise RuntimeError("the process dies here")
+
+    wf = ds.Workflow("same", store=ds.MemoryStore(), steps=[put, look])
+    with pytest.raises(ds.StepFailed):
+        wf.run("r1", {})  # seen[0]: the live state after put's commit
+    wf.run("r1")  # seen[1]: the state decoded from put's checkpoint
     assert same(seen[0], seen[1])
 
 
@@ -349,12 +358,24 @@ def real_checkpoints() -> list[bytes]:
 
 
 REAL = real_checkpoints()
-json_scalars = st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=8)
+# Edge values a damaged header may hold: ints beyond float and int64, NaN and
+# Infinity (which Python's json writes and reads), the pid that overflows os.kill.
+edge_values = st.sampled_from([10**400, -(10**400), 2**63, 2**40, -1, 0, math.inf, math.nan])
+json_scalars = st.one_of(
+    edge_values,  # twice: they are what a per-field check can trip over
+    edge_values,
+    st.none(),
+    st.booleans(),
+    st.integers(),
+    st.floats(),
+    st.text(max_size=8),
+)
 any_json = st.recursive(
     json_scalars,
     lambda c: st.lists(c, max_size=3) | st.dictionaries(st.text(max_size=6), c, max_size=3),
     max_leaves=12,
 )
+field_values = edge_values | json_scalars | any_json  # a field's own value is often a scalar
 FIELDS = [*ckpt._REQUIRED, "format"]
 
 
@@ -362,7 +383,7 @@ FIELDS = [*ckpt._REQUIRED, "format"]
 def damaged(draw: st.DrawFn) -> bytes:
     """A real checkpoint, then bytes cut, flipped, inserted, or header fields changed."""
     data = draw(st.sampled_from(REAL))
-    how = draw(st.sampled_from(["truncate", "flip", "insert", "field", "drop", "nested"]))
+    how = draw(st.sampled_from(["truncate", "flip", "insert", "field", "drop", "nested", "deep"]))
     line, _, payload = data.partition(b"\n")
     if how == "truncate":
         return data[: draw(st.integers(0, len(data)))]
@@ -372,12 +393,16 @@ def damaged(draw: st.DrawFn) -> bytes:
     if how == "insert":
         at = draw(st.integers(0, len(data)))
         return data[:at] + draw(st.binary(min_size=1, max_size=8)) + data[at:]
+    if how == "deep":  # a value nested far deeper than the JSON parser recurses
+        levels = draw(st.sampled_from([9, 2_000, DEEP]))
+        at = draw(st.sampled_from([b'"intent":', b'"history":', b'"format":', b'"steps":']))
+        return data.replace(at, at + b"[" * levels + b"1" + b"]" * levels + b',"x":', 1)
     record = json.loads(line)
     name = draw(st.sampled_from(FIELDS))
     if how == "drop":
         record.pop(name, None)
     elif how == "field":
-        record[name] = draw(any_json)
+        record[name] = draw(field_values)
     else:  # a key inside intent/error/owner, or a history entry
         inner = draw(st.sampled_from(["intent", "error", "owner", "history"]))
         value = record.get(inner) or {}
@@ -386,7 +411,7 @@ def damaged(draw: st.DrawFn) -> bytes:
                 any_json
             )
         else:
-            value.append(draw(any_json))
+            value.append(draw(field_values))
         record[inner] = value
     keep_crc = draw(st.booleans())  # a hand edit that fixed size and CRC, or not
     if keep_crc and "size" in record:
@@ -406,17 +431,24 @@ def test_decode_of_damaged_real_checkpoints_is_corrupt_checkpoint_or_a_header(da
 
 @settings(max_examples=600, deadline=None)
 @given(
-    st.dictionaries(st.sampled_from(FIELDS) | st.text(max_size=6), any_json, max_size=20),
+    st.dictionaries(st.sampled_from(FIELDS), field_values, max_size=3),
+    st.dictionaries(st.text(max_size=6), any_json, max_size=2) | st.just({}),
     st.binary(max_size=20),
     st.booleans(),
 )
+@example({"created_at": 10**400}, {}, b"", True)  # escaped as OverflowError (math.isnan)
+@example({"owner": {"host": "h", "pid": 2**40, "token": "t", "until": 1.0}}, {}, b"", True)
+@example({"format": "1"}, {}, b"", True)
 def test_decode_of_random_json_headers_is_corrupt_checkpoint_or_a_header(
-    record: dict[str, Any], payload: bytes, fix_crc: bool
+    fields: dict[str, Any], extra: dict[str, Any], payload: bytes, complete: bool
 ) -> None:
-    """Any JSON object as a header line decodes or is CorruptCheckpoint; nothing else escapes."""
-    base = header_record()
-    record = {**base, **record} if fix_crc else record
-    data = stored(record, payload) if fix_crc else json.dumps(record).encode() + b"\n" + payload
+    """Any JSON object as a header line decodes or is CorruptCheckpoint; nothing else escapes.
+
+    ``complete``: the other fields are a real header's and size and CRC-32 match the
+    payload, so the damage reaches the per-field checks.
+    """
+    record = {**header_record(), **fields, **extra} if complete else {**fields, **extra}
+    data = stored(record, payload) if complete else json.dumps(record).encode() + b"\n" + payload
     try:
         ckpt.decode(data, where="t")
     except ds.CorruptCheckpoint:
