@@ -190,6 +190,9 @@ def test_check_json_names_the_path_of_a_part() -> None:
     with pytest.raises(ds.SerializationError) as raised:
         check_json({"role": "user", "args": ("x",)}, "state['messages'][41]")
     assert raised.value.path == "state['messages'][41]['args']"
+    check_json(deep_list(5), "state['t']", depth=MAX_DEPTH - 5)  # 5 more levels: at the limit
+    with pytest.raises(ds.SerializationError, match="nested more than"):
+        check_json(deep_list(6), "state['t']", depth=MAX_DEPTH - 5)
 
 
 def test_pickle_keeps_what_json_refuses() -> None:
