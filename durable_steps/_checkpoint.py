@@ -480,7 +480,7 @@ _SHAPES: dict[str, dict[str, tuple[Callable[[object], bool], bool]]] = {
     "owner": {
         "host": (_is_str, _REQUIRED_KEY),
         "pid": (_is_pid, _REQUIRED_KEY),
-        "started": (_or_null(_is_time), _REQUIRED_KEY),  # None where /proc is not readable
+        "started": (_or_null(_is_time), _OPTIONAL_KEY),  # None where /proc is not readable
         "token": (_is_str, _REQUIRED_KEY),
         "until": (_is_time, _REQUIRED_KEY),
         "lease": (_is_lease, _OPTIONAL_KEY),
