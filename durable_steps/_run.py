@@ -84,13 +84,25 @@ class RunState:
             emit(self.plan.subscribers, Event(kind, self.plan.workflow, self.run_id, **fields))
 
     def encode_state(self, step: str | None) -> bytes:
+        """The state's bytes; ``step`` is the step just run, None for the
+        initial state of a new run.
+        """
         try:
             return self.plan.serializer.dumps(self.state)
         except SerializationError as exc:
-            where = f" after step {step!r}" if step else ""
+            if step is None:
+                outcome = (
+                    "Nothing was written: the run was not created. Change that value in "
+                    "the initial state and start the run again."
+                )
+            else:
+                outcome = (
+                    f"The last good checkpoint is kept; step {step!r} will run again on "
+                    "resume, so change what it puts in the state first."
+                )
+            where = f"after step {step!r}" if step else "(the initial state)"
             raise SerializationError(
-                f"run {self.name}: cannot save the state{where}: {exc.message} "
-                "The last good checkpoint is kept; the step will run again on resume.",
+                f"run {self.name}: cannot save the state {where}: {exc.message} {outcome}",
                 run=self.name,
                 step=step,
                 path=exc.path,

@@ -119,14 +119,6 @@ def test_an_impossible_pid_on_this_host_is_not_live(pid: Any) -> None:
     )
 
 
-def test_run_with_a_huge_owner_pid_resumes(tmp_path: Any) -> None:
-    """A header naming this host and pid 2**40 does not crash wf.run (it used to OverflowError)."""
-    store = ds.LocalStore(tmp_path / "s")
-    wf = stopped_run(store)
-    rewrite_header(store, KEY, owner=owner_record(host=_lease._HOST, pid=2**40, pidns=None))
-    assert wf.run("r1") == {"a": 1, "b": 1}
-
-
 # --- clocks against the store ------------------------------------------------------
 
 
