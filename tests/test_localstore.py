@@ -15,6 +15,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -296,3 +297,23 @@ def test_a_missing_data_file_is_a_clear_error_and_deletable(tmp_path: Path) -> N
     store.delete(KEY)
     assert store.get(KEY) is None
     assert not run_dir.exists()
+
+
+def test_an_interrupt_just_after_the_swap_keeps_the_new_checkpoint(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A KeyboardInterrupt landing right after the rename leaves a readable checkpoint."""
+    store = ds.LocalStore(tmp_path)
+    v1 = store.put(KEY, b"one")
+    real_replace = os.replace
+
+    def replace_then_interrupt(*args: Any, **kwargs: Any) -> None:
+        real_replace(*args, **kwargs)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(os, "replace", replace_then_interrupt)
+    with pytest.raises(KeyboardInterrupt):
+        store.put(KEY, b"two", match=v1)
+    found = store.get(KEY)
+    assert found is not None
+    assert found[0] == b"two"

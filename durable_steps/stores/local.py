@@ -317,15 +317,15 @@ def _write_new(dir_fd: int, name: str, data: bytes) -> str:
         # After fsync: nothing changes the stat fields of the version any more.
         version = _version(link, os.fstat(fd))
         os.symlink(link, temp, dir_fd=dir_fd)
-        try:
-            os.replace(temp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
-        except BaseException:
-            with contextlib.suppress(OSError):
-                os.unlink(temp, dir_fd=dir_fd)
-            raise
+        os.replace(temp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
     except BaseException:
         with contextlib.suppress(OSError):
-            os.unlink(link, dir_fd=dir_fd)
+            os.unlink(temp, dir_fd=dir_fd)
+        # Asked, not assumed: an interrupt may land just after the swap, and
+        # then ``link`` is the checkpoint, not a leftover.
+        with contextlib.suppress(OSError):
+            if _readlink_or_none(name, dir_fd) != link:
+                os.unlink(link, dir_fd=dir_fd)
         raise
     finally:
         os.close(fd)
@@ -351,9 +351,10 @@ def _current(name: str, dir_fd: int) -> tuple[str | None, str | None]:
     return link, _version(link, st)
 
 
-def _readlink_or_none(path: Path) -> str | None:
+def _readlink_or_none(name: str | Path, dir_fd: int | None = None) -> str | None:
+    """Like :func:`_readlink`, with None also when ``name`` is absent."""
     with contextlib.suppress(FileNotFoundError):
-        return _readlink(path)
+        return _readlink(name, dir_fd)
     return None
 
 
