@@ -174,6 +174,17 @@ class TestStoreConformance:
         )
         assert results.count(True) == 1, results
 
+    def test_clock_skew_is_optional_and_a_number_or_none(self, store: ds.Store) -> None:
+        """clock_skew(), where offered, answers a float or None; on this host's clock 0.0."""
+        clock_skew = getattr(store, "clock_skew", None)
+        if isinstance(store, (ds.LocalStore, ds.MemoryStore)):
+            assert clock_skew is not None
+            assert clock_skew() == 0.0
+        elif clock_skew is not None:
+            store.put("wf/skew/checkpoint", b"a response to measure from")
+            skew = clock_skew()
+            assert skew is None or isinstance(skew, float)
+
 
 def test_create_race_between_processes(durable_target: StoreTarget, tmp_path: Path) -> None:
     """Four processes create one key at once: exactly one wins, on every durable store."""
@@ -190,3 +201,40 @@ def test_create_race_between_processes(durable_target: StoreTarget, tmp_path: Pa
     assert sorted(results) == ["lost"] * (n - 1) + ["won"]
     store = durable_target.open()
     assert store.get("wf/prace/checkpoint")[0].startswith(b"writer ")  # type: ignore[index]
+
+
+class Forwarding:
+    """A wrapper that forwards every attribute, like a metrics or fault-injection store."""
+
+    def __init__(self, inner: ds.Store) -> None:
+        self.inner = inner
+        self.calls: list[str] = []
+
+    def __getattr__(self, name: str) -> object:
+        self.calls.append(name)
+        return getattr(self.inner, name)
+
+
+def test_open_store_accepts_a_getattr_forwarding_wrapper() -> None:
+    """A store wrapper that forwards by __getattr__ is a store (refused by isinstance on 3.12+)."""
+    wrapper = Forwarding(ds.MemoryStore())
+    assert ds.open_store(wrapper) is wrapper  # type: ignore[arg-type]
+
+    def bump(state: dict[str, int]) -> dict[str, int]:
+        return {"n": state["n"] + 1}
+
+    wf = ds.Workflow("fwd", steps=[bump], store=wrapper)  # type: ignore[arg-type]
+    assert wf.run("r1", {"n": 1}) == {"n": 2}
+    assert "put" in wrapper.calls
+
+
+@pytest.mark.parametrize(
+    ("candidate", "missing"),
+    [(object(), "get, put, delete, list, close"), (Forwarding(object()), "get, put")],  # type: ignore[arg-type]
+)
+def test_open_store_refuses_what_lacks_store_methods(candidate: object, missing: str) -> None:
+    """An object without callable store methods is refused, naming what it lacks."""
+    if isinstance(candidate, Forwarding):  # a wrapper of something with only some methods
+        candidate.inner = type("Half", (), {"delete": print, "list": print, "close": print})()  # type: ignore[assignment]
+    with pytest.raises(ds.DefinitionError, match=f"lacks callable {missing} "):
+        ds.open_store(candidate)  # type: ignore[arg-type]

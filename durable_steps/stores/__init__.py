@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote, urlsplit
 
 from ..errors import DefinitionError
-from ._protocol import ObjectInfo, Store
+from ._protocol import REQUIRED_METHODS, ObjectInfo, Store
 from .local import LocalStore
 from .memory import MemoryStore
 
@@ -50,9 +50,15 @@ def open_store(store: str | os.PathLike[str] | Store | None = None) -> Store:
     if isinstance(store, os.PathLike):
         return LocalStore(store)
     if not isinstance(store, str):
-        if isinstance(store, Store):
-            return store
-        raise DefinitionError(f"store must be a URL, a path or a Store, not {store!r}")
+        # getattr, not isinstance(store, Store): since Python 3.12 a protocol
+        # check ignores __getattr__, which refuses forwarding wrappers.
+        missing = [m for m in REQUIRED_METHODS if not callable(getattr(store, m, None))]
+        if missing:
+            raise DefinitionError(
+                f"store must be a URL, a path or a Store, not {store!r}: it lacks "
+                f"callable {', '.join(missing)} (a Store has {', '.join(REQUIRED_METHODS)})"
+            )
+        return store
     url = urlsplit(store)
     scheme = url.scheme.lower()
     if scheme == "s3":
