@@ -6,9 +6,10 @@
 ``None``                            ``$DURABLE_STEPS_STORE``, else the local
                                     directory ``./.durable_steps``
 ``"./ckpt"``, ``"file:///var/ckpt"``  :class:`LocalStore`
-``"s3://bucket/prefix"``            :class:`S3Store` with boto3's standard
+``"s3://bucket/prefix?opt=value"``  :class:`S3Store` with boto3's standard
                                     configuration (``AWS_ENDPOINT_URL_S3`` for
-                                    R2, MinIO, Ceph, SeaweedFS)
+                                    R2, MinIO, Ceph, SeaweedFS); the options
+                                    of :meth:`S3Store.from_url`
 ``"memory://"``                     a new :class:`MemoryStore`
 a ``Store`` object                  itself
 ==================================  ==========================================
@@ -56,11 +57,9 @@ def open_store(store: str | os.PathLike[str] | Store | None = None) -> Store:
     url = urlsplit(store)
     scheme = url.scheme.lower()
     if scheme == "s3":
-        if not url.netloc:
-            raise DefinitionError(f"store URL {store!r} names no bucket: use s3://bucket/prefix")
         from .s3 import S3Store
 
-        return S3Store(url.netloc, unquote(url.path).strip("/"))
+        return S3Store.from_url(store)
     if scheme == "memory":
         return MemoryStore()
     if scheme == "file":
