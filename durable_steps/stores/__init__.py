@@ -6,10 +6,9 @@
 ``None``                            ``$DURABLE_STEPS_STORE``, else the local
                                     directory ``./.durable_steps``
 ``"./ckpt"``, ``"file:///var/ckpt"``  :class:`LocalStore`
-``"s3://bucket/prefix?opt=value"``  :class:`S3Store` with boto3's standard
+``"s3://bucket/prefix"``            :class:`S3Store` with boto3's standard
                                     configuration (``AWS_ENDPOINT_URL_S3`` for
-                                    R2, MinIO, Ceph, SeaweedFS); the options
-                                    of :meth:`S3Store.from_url`
+                                    R2, MinIO, Ceph, SeaweedFS)
 ``"memory://"``                     a new :class:`MemoryStore`
 a ``Store`` object                  itself
 ==================================  ==========================================
