@@ -73,36 +73,35 @@ def _invalid(where: str, name: str, value: object) -> DefinitionError:
     return DefinitionError(f"{where}: {name}={value!r} is not {_SPECS[name][3]}")
 
 
+def _valid(name: str, value: object) -> bool:
+    kind, low, inclusive, _ = _SPECS[name]
+    if kind is bool or isinstance(value, bool):
+        return kind is bool and isinstance(value, bool)
+    if not isinstance(value, int if kind is int else (int, float)):
+        return False
+    return math.isfinite(value) and (value > low or (inclusive and value == low))
+
+
 def _check(where: str, name: str, value: object) -> Any:
     """Return ``value`` as the option's type, or raise DefinitionError naming it."""
-    kind, low, inclusive, _ = _SPECS[name]
-    if kind is bool:
-        if not isinstance(value, bool):
-            raise _invalid(where, name, value)
-        return value
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
+    if not _valid(name, value):
         raise _invalid(where, name, value)
-    if kind is int and not isinstance(value, int):
-        raise _invalid(where, name, value)
-    if not math.isfinite(value) or value < low or (value == low and not inclusive):
-        raise _invalid(where, name, value)
-    return kind(value)
+    return _SPECS[name][0](value)
 
 
 def _from_text(where: str, name: str, text: str) -> Any:
     """Parse the string spelling of an option (URL query or environment)."""
     kind = _SPECS[name][0]
-    try:
-        if kind is bool:
-            word = text.strip().lower()
-            if word not in _TRUE | _FALSE:
-                raise ValueError(text)
-            value: object = word in _TRUE
-        else:
-            value = kind(text.strip())
-    except ValueError:
-        raise _invalid(where, name, text) from None
-    return _check(where, name, value)
+    word = text.strip().lower()
+    value: object = word in _TRUE if kind is bool and word in _TRUE | _FALSE else None
+    if kind is not bool:
+        try:
+            value = kind(word)
+        except ValueError:
+            value = None
+    if value is None or not _valid(name, value):
+        raise _invalid(where, name, text)
+    return value
 
 
 def parse_query(url: str) -> dict[str, Any]:
