@@ -37,6 +37,7 @@ create to be refused (see :meth:`S3Store.check_conditional_writes`).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import threading
@@ -87,6 +88,18 @@ PROBE_PREFIX = "_durable_steps/probe-"
 _probed: dict[tuple[str, str], str | None] = {}
 _probe_locks: dict[tuple[str, str], threading.Lock] = {}
 _probe_locks_lock = threading.Lock()
+
+
+def _fresh_probe_locks() -> None:
+    # A fork while another thread probes would leave the child a held lock;
+    # the verdicts stay valid (same service), the locks must not be inherited.
+    global _probe_locks_lock  # noqa: PLW0603
+    _probe_locks_lock = threading.Lock()
+    _probe_locks.clear()
+
+
+if hasattr(os, "register_at_fork"):  # POSIX
+    os.register_at_fork(after_in_child=_fresh_probe_locks)
 
 
 class S3Store:
@@ -159,12 +172,12 @@ class S3Store:
     ) -> None:
         if not bucket:
             raise DefinitionError("S3Store needs a bucket name")
-        given = {"endpoint_url": endpoint_url, "connect_timeout": connect_timeout}
-        clashing = [
-            name
-            for name, value in {**given, "read_timeout": read_timeout}.items()
-            if value is not None
-        ]
+        for_our_client = {
+            "endpoint_url": endpoint_url,
+            "connect_timeout": connect_timeout,
+            "read_timeout": read_timeout,
+        }
+        clashing = [name for name, value in for_our_client.items() if value is not None]
         if client is not None and clashing:
             raise DefinitionError(
                 f"S3Store({', '.join(clashing)}=...) configures the client S3Store creates; "
@@ -195,6 +208,13 @@ class S3Store:
                 read_timeout=self.options.read_timeout,
             )
             client = boto3.session.Session().client("s3", endpoint_url=endpoint_url, config=config)
+        else:  # the timeouts that really apply, for worst_case_seconds
+            theirs = getattr(client.meta, "config", None)
+            self.options = dataclasses.replace(
+                self.options,
+                connect_timeout=getattr(theirs, "connect_timeout", self.options.connect_timeout),
+                read_timeout=getattr(theirs, "read_timeout", self.options.read_timeout),
+            )
         self._client: S3Client = client
         # A client of the user's may retry inside botocore: a write of ours can
         # then land and be refused on botocore's retry, before our own retry
