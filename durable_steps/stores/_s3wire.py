@@ -1,8 +1,9 @@
-"""S3Store's retry loop, and what it knows of botocore: which faults are transient, in words.
+"""S3Store's retry loop, and its reading of what botocore answers or raises.
 
 Kept apart from :mod:`durable_steps.stores.s3` so that the store reads as the
 write protocol, and this as S3's (and botocore's) ways to fail and what each
-becomes: a retry, logged at WARNING on ``durable_steps``, or a StoreError.
+becomes: a retry, logged at WARNING on ``durable_steps``, or a StoreError; plus
+the service's clock, read off the ``Date`` of its answers.
 """
 
 from __future__ import annotations
