@@ -9,6 +9,8 @@ the service's clock, read off the ``Date`` of its answers.
 from __future__ import annotations
 
 import logging
+import os
+import threading
 import time
 from collections.abc import Callable
 from email.utils import parsedate_to_datetime
@@ -226,3 +228,43 @@ def client_error(exc: ClientError, where: str, bucket: str, endpoint: str) -> St
     else:
         hint = "see the cause below"
     return StoreError(f"S3 refused a request for {where}: {code} (HTTP {status}); {hint}.")
+
+
+def etag_of(response: Any, where: str) -> str:
+    """The ETag of a GetObject or PutObject answer; without one, a StoreError."""
+    etag = response.get("ETag")
+    if not etag:
+        raise StoreError(
+            f"S3 answered for {where} without an ETag; a checkpoint store needs one to "
+            "compare-and-swap. Use a service that returns ETags."
+        )
+    return str(etag)
+
+
+class ProbeVerdicts:
+    """Each (endpoint, bucket)'s conditional-write verdict, computed once per process.
+
+    ``None`` means conditions are honoured, a string is the refusal. One lock
+    per target, so a probe of one bucket never waits for another's.
+    """
+
+    def __init__(self) -> None:
+        self._verdicts: dict[tuple[str, str], str | None] = {}
+        self._fresh_locks()
+        if hasattr(os, "register_at_fork"):  # POSIX
+            # A fork while another thread probes would hand the child a held
+            # lock; the verdicts stay valid (same service), the locks must not.
+            os.register_at_fork(after_in_child=self._fresh_locks)
+
+    def _fresh_locks(self) -> None:
+        self._lock = threading.Lock()
+        self._locks: dict[tuple[str, str], threading.Lock] = {}
+
+    def get(self, target: tuple[str, str], probe: Callable[[], str | None]) -> str | None:
+        """The verdict for ``target``, running ``probe`` if no verdict is known yet."""
+        with self._lock:
+            lock = self._locks.setdefault(target, threading.Lock())
+        with lock:
+            if target not in self._verdicts:
+                self._verdicts[target] = probe()
+            return self._verdicts[target]

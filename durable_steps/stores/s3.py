@@ -62,9 +62,11 @@ from durable_steps.stores._protocol import ObjectInfo
 from durable_steps.stores._s3options import S3Options, parse_query, resolve
 from durable_steps.stores._s3wire import (
     MISSING_KEY_CODES,
+    ProbeVerdicts,
     botocore_retries,
     date_skew,
     error_code,
+    etag_of,
     http_status,
     ignores_conditions,
     unsupported,
@@ -83,23 +85,8 @@ logger = logging.getLogger("durable_steps")
 # Where the conditional-write probe writes, under the store's prefix: no run
 # id starts with "_", so this can never be a run's checkpoint.
 PROBE_PREFIX = "_durable_steps/probe-"
-# (endpoint, bucket) -> None when conditions are honoured, else the refusal;
-# per process, so many stores on one bucket pay for one probe.
-_probed: dict[tuple[str, str], str | None] = {}
-_probe_locks: dict[tuple[str, str], threading.Lock] = {}
-_probe_locks_lock = threading.Lock()
-
-
-def _fresh_probe_locks() -> None:
-    # A fork while another thread probes would leave the child a held lock;
-    # the verdicts stay valid (same service), the locks must not be inherited.
-    global _probe_locks_lock  # noqa: PLW0603
-    _probe_locks_lock = threading.Lock()
-    _probe_locks.clear()
-
-
-if hasattr(os, "register_at_fork"):  # POSIX
-    os.register_at_fork(after_in_child=_fresh_probe_locks)
+# Per process, so many stores on one bucket pay for one probe.
+_verdicts = ProbeVerdicts()
 
 
 class S3Store:
@@ -306,15 +293,6 @@ class S3Store:
             sleep=self._sleep,
         )
 
-    def _etag(self, response: Any, full: str) -> str:
-        etag = response.get("ETag")
-        if not etag:
-            raise StoreError(
-                f"S3 answered for {self._where(full)} without an ETag; a checkpoint store "
-                "needs one to compare-and-swap. Use a service that returns ETags."
-            )
-        return str(etag)
-
     # -- the conditional-write probe -------------------------------------------
 
     def check_conditional_writes(self) -> None:
@@ -331,13 +309,7 @@ class S3Store:
         """
         if not self._verify:
             return
-        target = (self._endpoint, self.bucket)
-        with _probe_locks_lock:
-            lock = _probe_locks.setdefault(target, threading.Lock())
-        with lock:
-            if target not in _probed:
-                _probed[target] = self._probe()
-            refusal = _probed[target]
+        refusal = _verdicts.get((self._endpoint, self.bucket), self._probe)
         if refusal is not None:
             raise ConditionalWritesUnsupported(refusal)
         self._verify = False  # this store need not look the cache up again
@@ -384,7 +356,7 @@ class S3Store:
             raise
         with response["Body"] as body:
             data = body.read()
-        return data, self._etag(response, full)
+        return data, etag_of(response, self._where(full))
 
     def put(self, key: str, data: bytes, *, match: str | None = None) -> str:
         """Write ``data`` create-only (``match=None``) or if the ETag is ``match``.
@@ -443,7 +415,7 @@ class S3Store:
             response = self._client.put_object(
                 Bucket=self.bucket, Key=full, Body=data, IfMatch=match
             )
-        return self._etag(response, full)
+        return etag_of(response, self._where(full))
 
     def _conflict(self, full: str, match: str | None) -> CheckpointConflict:
         if match is None:
