@@ -98,8 +98,9 @@ FINAL = {"log": ["plan0", "pay0", "draft0", "plan1", "pay1", "draft1"], "passes"
 def test_request_budget_over_the_wire(server: S3Server, bucket: str) -> None:
     """1 PUT per idempotent step, 2 per non-idempotent, 1 to create; resume: 1 GET, no LIST."""
     client = server.client()
-    wire = Wire(client)
     store = ds.S3Store(bucket, f"budget-{uuid.uuid4().hex[:8]}", client=client)
+    store.check_conditional_writes()  # once per process and bucket, not per run
+    wire = Wire(client)
     ledger: list[tuple[int, str]] = []
 
     assert agent(store, ledger, set()).run("fresh", {"log": [], "passes": 0}) == FINAL
@@ -122,6 +123,25 @@ def test_request_budget_over_the_wire(server: S3Server, bucket: str) -> None:
     assert sum(op == "PutObject" for op, _ in wire.everything) == 9 + 8 + 1
     assert wire.unconditional_puts() == 0
     assert len({key for _, key in ledger}) == 4  # two runs x two passes, one key each
+
+
+def test_probe_is_paid_once_per_process_and_bucket(server: S3Server) -> None:
+    """The conditional-write probe costs 2 PUT + 1 DELETE before the first write to a bucket,
+    nothing for later stores on it, and a new run after it still costs 1 GET + its PUTs."""
+    bucket = server.make_bucket()
+    client = server.client()
+    wire = Wire(client)
+    first = ds.S3Store(bucket, "a", client=client)
+    assert wire.counts() == {}  # nothing at construction: a read-only store never probes
+    ledger: list[tuple[int, str]] = []
+    assert agent(first, ledger, set()).run("r", {"log": [], "passes": 0}) == FINAL
+    assert wire.counts() == {"PUT": 2 + 1 + 2 * 4, "DeleteObject": 1, "GET": 1}
+    wire.reset()
+    second = ds.S3Store(bucket, "b", client=client)
+    assert agent(second, ledger, set()).run("r", {"log": [], "passes": 0}) == FINAL
+    assert wire.counts() == {"GET": 1, "PUT": 1 + 2 * 4}
+    assert wire.unconditional_puts() == 0
+    client.close()
 
 
 class FaultsBeforeWrites:
@@ -154,6 +174,8 @@ def test_run_survives_faults_on_every_kind_of_write(
     the run completes with the right state, one payment per key, no false conflict."""
     client = server.client(endpoint_url=proxy.endpoint_url, read_timeout=1.5)
     s3 = ds.S3Store(bucket, f"faults-{uuid.uuid4().hex[:8]}", client=client, sleep=lambda _: None)
+    s3.check_conditional_writes()  # its requests are not the run's: keep the schedule on those
+    proxy.clear()
     # writes: 1 create, 2 plan0, 3 intent pay0, 4 pay0, 5 draft0, 6 plan1, 7 intent pay1, ...
     schedule: dict[int, Callable[[], None]] = {
         1: proxy.drop_after,  # the create landed, its response was lost

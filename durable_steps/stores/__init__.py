@@ -62,11 +62,9 @@ def open_store(store: str | os.PathLike[str] | Store | None = None) -> Store:
     url = urlsplit(store)
     scheme = url.scheme.lower()
     if scheme == "s3":
-        if not url.netloc:
-            raise DefinitionError(f"store URL {store!r} names no bucket: use s3://bucket/prefix")
         from .s3 import S3Store
 
-        return S3Store(url.netloc, unquote(url.path).strip("/"))
+        return S3Store.from_url(store)
     if scheme == "memory":
         return MemoryStore()
     if scheme == "file":
