@@ -63,15 +63,16 @@ _CONNECTION_ERRORS = (
 )
 _REFUSALS = frozenset({"BlobAlreadyExists", "ConditionNotMet"})
 
+_Page = tuple[list[Any], "str | None"]  # a page of listed objects and the next page's token
+
 
 def _status(exc: HttpResponseError) -> int:
     return int(exc.status_code or 0)
 
 
 def _code(exc: HttpResponseError) -> str:
-    response = exc.response
-    header = response.headers.get("x-ms-error-code", "") if response is not None else ""
-    return str(header or exc.error_code or "")
+    headers = getattr(exc.response, "headers", None) or {}
+    return str(headers.get("x-ms-error-code") or getattr(exc, "error_code", None) or "")
 
 
 def _is_transient(exc: BaseException) -> bool:
@@ -330,13 +331,10 @@ class AzureBlobStore:
             if not token:
                 return
 
-    def _list_page(
-        self, full: str, token: str | None
-    ) -> Callable[[int], tuple[list[Any], str | None]]:
-        def once(_attempt: int) -> tuple[list[Any], str | None]:
-            pages = self._container.list_blobs(name_starts_with=full, **self._options).by_page(
-                continuation_token=token
-            )
+    def _list_page(self, full: str, token: str | None) -> Callable[[int], _Page]:
+        def once(_attempt: int) -> _Page:
+            listing = self._container.list_blobs(name_starts_with=full, **self._options)
+            pages: Any = listing.by_page(continuation_token=token)  # an azure-core PageIterator
             page = next(pages, None)
             blobs = [] if page is None else list(page)
             return blobs, pages.continuation_token

@@ -56,6 +56,8 @@ _CONNECTION_ERRORS = (
     TransportError,  # google-auth could not reach the token endpoint
 )
 
+_Page = tuple[list[Any], "str | None"]  # a page of listed objects and the next page's token
+
 
 def _status(exc: BaseException) -> int:
     return int(getattr(exc, "code", 0) or 0)
@@ -307,10 +309,8 @@ class GCSStore:
             if not token:
                 return
 
-    def _list_page(
-        self, full: str, token: str | None
-    ) -> Callable[[int], tuple[list[Any], str | None]]:
-        def once(_attempt: int) -> tuple[list[Any], str | None]:
+    def _list_page(self, full: str, token: str | None) -> Callable[[int], _Page]:
+        def once(_attempt: int) -> _Page:
             iterator = self._client.list_blobs(
                 self._bucket, prefix=full, page_token=token, retry=None, timeout=self._timeout
             )
