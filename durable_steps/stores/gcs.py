@@ -112,6 +112,8 @@ class GCSStore:
     with a :class:`~durable_steps.StoreError` that names the bucket.
     """
 
+    _page_size: int | None = None  # objects per LIST request; None: the service's maximum
+
     def __init__(
         self,
         bucket: str,
@@ -149,6 +151,11 @@ class GCSStore:
                     "service-account key file, set STORAGE_EMULATOR_HOST for an emulator, "
                     "or pass GCSStore(..., client=storage.Client(...))."
                 ) from exc
+            # google-cloud-storage (3.17 at least) fetches bucket metadata in a background
+            # thread for its tracing attributes: an extra request per bucket that a
+            # checkpoint store has no use for.
+            if getattr(client, "_bucket_metadata_cache", None) is not None:
+                client._bucket_metadata_cache = None
         self._client: Any = client
         self._bucket = client.bucket(bucket)
         self._skew = _skew_of(client)
@@ -312,7 +319,12 @@ class GCSStore:
     def _list_page(self, full: str, token: str | None) -> Callable[[int], _Page]:
         def once(_attempt: int) -> _Page:
             iterator = self._client.list_blobs(
-                self._bucket, prefix=full, page_token=token, retry=None, timeout=self._timeout
+                self._bucket,
+                prefix=full,
+                page_token=token,
+                page_size=self._page_size,
+                retry=None,
+                timeout=self._timeout,
             )
             page = next(iterator.pages, None)
             blobs = [] if page is None else list(page)
