@@ -395,6 +395,51 @@ def test_store_urls_and_configuration_from_the_environment(
     s.close()
 
 
+def _sdk_default_client(kind: str, server: CloudServer, endpoint_url: str) -> Any:
+    """A client as a user would make it, with the SDK's default retries on."""
+    if kind == "gcs":
+        from google.auth.credentials import AnonymousCredentials
+        from google.cloud import storage
+
+        return storage.Client(
+            project="test",
+            credentials=AnonymousCredentials(),  # type: ignore[no-untyped-call]
+            client_options={"api_endpoint": endpoint_url},
+        )
+    from azure.storage.blob import BlobServiceClient
+
+    assert isinstance(server, AzuriteServer)
+    return BlobServiceClient.from_connection_string(server.connection_string(endpoint_url))
+
+
+def test_sdk_retries_never_resend_behind_our_back(
+    kind: str, server: CloudServer, bucket: str, proxy: FaultProxy, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The store's own client (from the environment) and a client with the SDK's default
+    retries both send exactly one object request per attempt of ours."""
+    for name, value in server.child_env({}).items():
+        monkeypatch.setenv(name, value.replace(server.endpoint_url, proxy.endpoint_url))
+    scheme = {"gcs": "gs", "azure": "az"}[kind]
+    own = ds.open_store(f"{scheme}://{bucket}/own")
+    theirs = type(own)(
+        bucket, "theirs", client=_sdk_default_client(kind, server, proxy.endpoint_url)
+    )
+    for s in (own, theirs):
+        slept: list[float] = []
+        s._retry.sleep = slept.append
+        proxy.clear()
+        proxy.status(503, method=WRITE[kind])
+        v = s.put("k", b"x")
+        assert s.get("k") == (b"x", v)
+        # (a user's GCS client may also fetch the bucket's metadata once, for tracing)
+        objects = [r.method for r in proxy.seen if not r.path.split("?")[0].endswith(bucket)]
+        assert sorted(objects) == ["GET", WRITE[kind], WRITE[kind]], s
+        assert len(slept) == 1, "the retry was ours"
+        if s is own:
+            assert len(proxy.seen) == 3, "the store's own client sends nothing else"
+        s.close()
+
+
 def test_azure_without_an_account_says_what_to_set(monkeypatch: pytest.MonkeyPatch) -> None:
     """az:// without AZURE_STORAGE_CONNECTION_STRING or a client: StoreError saying so."""
     monkeypatch.delenv("AZURE_STORAGE_CONNECTION_STRING", raising=False)
