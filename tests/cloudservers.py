@@ -36,6 +36,7 @@ suite's expected failure).
 
 from __future__ import annotations
 
+import abc
 import base64
 import os
 import secrets
@@ -66,7 +67,7 @@ _CONFLICTING_ENV = (
 
 
 @dataclass
-class CloudServer:
+class CloudServer(abc.ABC):
     """A running emulator: its process, log and endpoint."""
 
     name: str
@@ -74,18 +75,26 @@ class CloudServer:
     process: subprocess.Popen[bytes] = field(repr=False)
     log_path: Path = field(repr=False)
 
+    @abc.abstractmethod
     def env(self) -> dict[str, str]:
         """What a child process needs to open ``scheme://bucket/prefix`` by URL alone."""
-        raise NotImplementedError
 
     def store(self, url: str) -> ds.Store:
         """Open the store ``url`` on this server in this process."""
         bucket, _, prefix = url.split("://", 1)[1].partition("/")
         return self.open(bucket, prefix)
 
-    def open(self, bucket: str, prefix: str, **options: Any) -> ds.Store:
-        """The store for ``bucket``/``prefix`` with a client of this server's."""
-        raise NotImplementedError
+    @abc.abstractmethod
+    def open(self, bucket: str, prefix: str, **options: Any) -> Any:
+        """The store for ``bucket``/``prefix`` with a client of this server's.
+
+        ``options`` go to the store, except ``endpoint_url`` (e.g. a proxy's),
+        which the client uses in place of the server's.
+        """
+
+    @abc.abstractmethod
+    def make_bucket(self) -> str:
+        """Create a bucket (container) with a unique name and return the name."""
 
     def child_env(self, base: dict[str, str] | None = None) -> dict[str, str]:
         """``base`` (default ``os.environ``) without conflicting variables, plus env()."""
@@ -152,7 +161,7 @@ class FakeGCSServer(CloudServer):
     def env(self) -> dict[str, str]:
         return {"STORAGE_EMULATOR_HOST": self.endpoint_url}
 
-    def open(self, bucket: str, prefix: str, **options: Any) -> ds.Store:
+    def open(self, bucket: str, prefix: str, **options: Any) -> Any:
         from durable_steps.stores.gcs import GCSStore
 
         endpoint = options.pop("endpoint_url", None)
@@ -191,7 +200,7 @@ class AzuriteServer(CloudServer):
     def env(self) -> dict[str, str]:
         return {"AZURE_STORAGE_CONNECTION_STRING": self.connection_string()}
 
-    def open(self, bucket: str, prefix: str, **options: Any) -> ds.Store:
+    def open(self, bucket: str, prefix: str, **options: Any) -> Any:
         from durable_steps.stores.azure import AzureBlobStore
 
         endpoint = options.pop("endpoint_url", None)

@@ -13,12 +13,14 @@ import subprocess
 import sys
 import uuid
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 import requests
 
 import durable_steps as ds
+from durable_steps.stores._remote import ClockSkew
 from tests import test_crash as crash_suite
 from tests import test_runner as runner_suite
 from tests.cloudservers import AzuriteServer, CloudServer, FakeGCSServer, start_fake_gcs
@@ -378,6 +380,22 @@ def test_clock_skew_from_the_date_header(
     s.get("wf/k")
     assert 298 < s.clock_skew() < 302
     s.close()
+    reading = ClockSkew()
+    for bad in (None, "", "yesterday", "Tue, 01 Dec 2026 09:00:00 -0000"):
+        reading.observe(bad)
+    assert reading.value is None, "an unusable Date header is no reading"
+
+
+def test_gcs_without_credentials_says_what_to_do(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """gs:// with no Application Default Credentials: StoreError naming the ways to get them."""
+    for var in ("STORAGE_EMULATOR_HOST", "GOOGLE_APPLICATION_CREDENTIALS", "GOOGLE_CLOUD_PROJECT"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("CLOUDSDK_CONFIG", str(tmp_path))  # no gcloud ADC file
+    monkeypatch.setenv("NO_GCE_CHECK", "true")  # not on Google Cloud: no metadata server
+    with pytest.raises(ds.StoreError, match="application-default login"):
+        ds.open_store("gs://bucket/prefix")
 
 
 def test_store_urls_and_configuration_from_the_environment(
@@ -529,6 +547,7 @@ def test_runner_guarantees(check: Callable[..., None], store: Any, caplog: Any) 
     check(**{name: given[name] for name in wanted})
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("durable_target", "crash"),
     [

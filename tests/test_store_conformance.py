@@ -35,7 +35,11 @@ def store_target(request: pytest.FixtureRequest, tmp_path: Path) -> StoreTarget:
     return _target(request.param, request, tmp_path)
 
 
-@pytest.fixture(params=_kind_params(PERSISTENT_KINDS + CLOUD_KINDS))
+@pytest.fixture(
+    params=_kind_params(PERSISTENT_KINDS)
+    # Each of these children pays ~1 s to import the cloud SDK.
+    + [pytest.param(k, marks=[pytest.mark.cloud, pytest.mark.slow]) for k in CLOUD_KINDS]
+)
 def durable_target(request: pytest.FixtureRequest, tmp_path: Path) -> StoreTarget:
     """Every store a second process can open, the cloud emulators included."""
     return _target(request.param, request, tmp_path)

@@ -187,6 +187,6 @@ class ClockSkew:
             served = email.utils.parsedate_to_datetime(date_header)
         except (TypeError, ValueError):
             return
-        if served.tzinfo is None:  # an RFC 850 / asctime date without zone is GMT
+        if served.tzinfo is None:  # "-0000": a time in no known zone cannot be compared
             return
         self.value = time.time() - served.timestamp()
