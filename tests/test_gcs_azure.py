@@ -478,6 +478,23 @@ def test_import_loads_no_cloud_sdk() -> None:
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
 
 
+def test_missing_extra_is_named() -> None:
+    """Without google-cloud-storage installed, ds.GCSStore says which extra to install."""
+    code = (
+        "import sys\n"
+        "sys.modules['google.cloud.storage'] = None  # as if not installed\n"
+        "import durable_steps as ds\n"
+        "try:\n"
+        "    ds.GCSStore\n"
+        "except ImportError as exc:\n"
+        "    print(exc)\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], check=True, timeout=60, capture_output=True, text=True
+    ).stdout
+    assert "pip install 'durable-steps[gcs]'" in out
+
+
 # -- whole runs ------------------------------------------------------------------
 
 

@@ -18,6 +18,11 @@
 ``"memory://"``                     a new :class:`MemoryStore`
 a ``Store`` object                  itself
 ==================================  ==========================================
+
+The remote stores share their retry loop, lost-response read-back and
+messages (``_remote.py``), and offer one optional method beyond the
+protocol: ``clock_skew() -> float | None``, the seconds this host's clock is
+ahead of the service's, from the ``Date`` header of the latest response.
 """
 
 from __future__ import annotations
