@@ -25,6 +25,7 @@ the same, ``uploadType=media``          IGNORED (200, overwrites)  n/a
 the same, resumable upload (> 8 MiB)    IGNORED (200, overwrites)  409 (block list commit)
 conditional delete, stale version       IGNORED (deletes)          412 ConditionNotMet
 conditional delete of a missing object  404                        412 ConditionNotMet
+a wrong account key                     n/a (no authentication)    403 AuthorizationFailure
 ======================================  =========================  =====================
 
 The memory and filesystem backends of fake-gcs-server behave the same here.

@@ -458,6 +458,21 @@ def test_sdk_retries_never_resend_behind_our_back(
         s.close()
 
 
+def test_azure_rejected_key_is_store_error(azure: AzuriteServer, azure_bucket: str) -> None:
+    """A wrong account key: a StoreError naming the 403, not retried. (Azurite answers
+    AuthorizationFailure where Azure says AuthenticationFailed.)"""
+    from azure.storage.blob import BlobServiceClient
+
+    sleeps: list[float] = []
+    wrong = azure.connection_string().replace(azure.key, "d3Jvbmcta2V5LXdyb25nLWtleS13cm9uZy1rZXk=")
+    client = BlobServiceClient.from_connection_string(wrong)
+    s = ds.AzureBlobStore(azure_bucket, "p", client=client, sleep=sleeps.append)
+    with pytest.raises(ds.StoreError, match=r"AuthorizationFailure \(HTTP 403\); access denied"):
+        s.put("wf/k", b"x")
+    assert sleeps == []
+    client.close()
+
+
 def test_azure_without_an_account_says_what_to_set(monkeypatch: pytest.MonkeyPatch) -> None:
     """az:// without AZURE_STORAGE_CONNECTION_STRING or a client: StoreError saying so."""
     monkeypatch.delenv("AZURE_STORAGE_CONNECTION_STRING", raising=False)

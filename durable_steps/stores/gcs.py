@@ -78,6 +78,8 @@ def _skew_of(client: Any) -> ClockSkew:
     """
     session = client._http  # google-cloud-core's transport: an AuthorizedSession
     skew: ClockSkew | None = getattr(session, "_durable_steps_skew", None)
+    if skew is None and not isinstance(getattr(session, "hooks", None), dict):
+        return ClockSkew()  # a custom transport without hooks: no reading, ever
     if skew is None:
         skew = ClockSkew()
         observe = skew.observe
