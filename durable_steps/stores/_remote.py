@@ -8,7 +8,8 @@ Three things are the same on every such service and live here once:
   jitter exponential backoff (tenacity), each retry logged at WARNING, the
   attempt number passed to the call so that a write knows whether it is a
   retry.
-* :func:`refused_write` — what a refused conditional write means. A refusal
+* :func:`refused_write` / :func:`refused_delete` — what a refused
+  conditional write or delete means. A refusal
   on the first attempt is a real conflict. A refusal on a retry may be our own
   earlier attempt, which landed while its response was lost: the object is
   read back, and if it holds exactly the bytes being written, the write is
@@ -38,7 +39,16 @@ from tenacity import (
 
 from durable_steps.errors import CheckpointConflict
 
-__all__ = ["ClockSkew", "Retrier", "conflict", "join_prefix", "refused_write"]
+__all__ = [
+    "ClockSkew",
+    "Retrier",
+    "conflict",
+    "join_prefix",
+    "kept_failing",
+    "refused_delete",
+    "refused_write",
+    "unreachable",
+]
 
 T = TypeVar("T")
 
@@ -148,6 +158,20 @@ def refused_write(
             )
             return landed[1]
     raise conflict(where, match)
+
+
+def refused_delete(
+    *, match: str | None, where: str, read: Callable[[], tuple[bytes, str] | None]
+) -> None:
+    """Decide a refused conditional delete: fine if the object is gone, else a conflict.
+
+    Services refuse a conditional delete of a missing object too (Azure,
+    SeaweedFS: 412), and a retried delete whose first attempt landed meets the
+    same refusal. Gone is gone, whoever deleted it; an object still there is
+    another writer's, and :class:`CheckpointConflict` is raised.
+    """
+    if read() is not None:
+        raise conflict(where, match)
 
 
 def kept_failing(service: str, where: str, fault: str, attempts: int) -> str:

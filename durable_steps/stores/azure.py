@@ -44,9 +44,9 @@ from durable_steps.stores._protocol import ObjectInfo
 from durable_steps.stores._remote import (
     ClockSkew,
     Retrier,
-    conflict,
     join_prefix,
     kept_failing,
+    refused_delete,
     refused_write,
     unreachable,
 )
@@ -304,10 +304,9 @@ class AzureBlobStore:
                     return  # gone already (perhaps by our own attempt whose answer was lost)
                 if not _refused(exc):
                     raise
-                # Azure refuses If-Match on a missing blob with 412: gone is gone.
-                if self._get_once(full) is None:
-                    return
-                raise conflict(self._where(full), match) from exc
+                refused_delete(
+                    match=match, where=self._where(full), read=lambda: self._get_once(full)
+                )
 
         self._call(once, full)
 

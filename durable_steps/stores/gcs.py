@@ -39,9 +39,9 @@ from durable_steps.stores._protocol import ObjectInfo
 from durable_steps.stores._remote import (
     ClockSkew,
     Retrier,
-    conflict,
     join_prefix,
     kept_failing,
+    refused_delete,
     refused_write,
     unreachable,
 )
@@ -289,10 +289,10 @@ class GCSStore:
                 )
             except gexc.NotFound:
                 return  # gone already (perhaps by our own attempt whose answer was lost)
-            except gexc.PreconditionFailed as exc:
-                if self._get_once(full) is None:
-                    return  # gone is gone, whoever deleted it
-                raise conflict(self._where(full), match) from exc
+            except gexc.PreconditionFailed:
+                refused_delete(
+                    match=match, where=self._where(full), read=lambda: self._get_once(full)
+                )
 
         self._call(once, full)
 
