@@ -1,0 +1,315 @@
+"""``ls`` and ``show``: what runs there are, and why one stopped."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pprint
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+from .. import _checkpoint as ckpt
+from .._lease import is_live
+from ..errors import CorruptCheckpoint
+from ..serializers import SIGNING_KEY_ENV, PickleSerializer, Serializer, resolve_serializer
+from ..stores import Store
+from ._base import (
+    EXIT_OK,
+    EXIT_REFUSED,
+    EXIT_USAGE,
+    PROG,
+    RUN_HELP,
+    CommandError,
+    run_ref,
+    workflow_name,
+)
+from ._format import Style, human_age, human_duration, human_size, status_label, table, timestamp
+from ._runs import RunInfo, find_runs, load, owner_text, peek_header, run_status
+
+__all__ = ["describe", "next_hint", "register", "summary"]
+
+_SIGNED = "+hmac-sha256"
+
+
+def _next_step(header: dict[str, Any]) -> str | None:
+    """The name of the step an unfinished run resumes at (``None``: done or unknown)."""
+    steps, index = header.get("steps") or [], header.get("next_step")
+    if header.get("status") == "completed" or not isinstance(index, int):
+        return None
+    return str(steps[index]) if 0 <= index < len(steps) else None
+
+
+def ls_row(run: RunInfo, now: float) -> list[str]:
+    """The cells of ``run`` in ``ls``: workflow, run, status, step, iteration, age, size."""
+    h = run.header or {}
+    step, updated = _next_step(h), h.get("updated_at")
+    if run.problem is not None:
+        where = "?"
+    elif run.status == "completed":
+        where = "done"
+    else:
+        where = f"{step} ({h['next_step'] + 1}/{len(h['steps'])})" if step else "?"
+    return [
+        run.workflow,
+        run.run_id,
+        status_label(run.status),
+        where,
+        str(h.get("iteration", "?")),
+        human_age(now - float(updated)) if updated is not None else "?",
+        human_size(run.size),
+    ]
+
+
+def state_text(state: Any, serializer: str) -> str:
+    """A state for reading: indented JSON, or ``pprint`` for a pickled object."""
+    if serializer.startswith("json"):
+        return json.dumps(state, indent=2, ensure_ascii=False)
+    return pprint.pformat(state, sort_dicts=False)
+
+
+def next_hint(header: ckpt.Checkpoint) -> str:
+    """What to do about a run, in one sentence (the ``next:`` line of ``show``)."""
+    name = header.run
+    step = header.steps[header.next_step] if header.next_step < len(header.steps) else "?"
+    intent = header.intent or {}
+    pending = bool(intent) and intent.get("resolution") is None
+    doubt = f"{intent.get('step', step)!r} may have fired (key {intent.get('key')})"
+    if header.status == "completed":
+        return f"nothing left to do; a rerun returns the final state. Delete: {PROG} rm {name}"
+    if header.status == "in_doubt":
+        return (
+            f"{doubt}: ask the service it calls whether that key went through, then "
+            f"`{PROG} resolve {name} --fired` (it did: the rerun skips the step) or "
+            "`--not-fired` (the rerun fires it again with the same key), and rerun the workflow"
+        )
+    if header.status == "failed":
+        also = f"; {doubt}: if it did, `{PROG} resolve {name} --fired` first" if pending else ""
+        return f"fix the cause, then rerun the workflow: it resumes at step {step!r}{also}"
+    if is_live(header.owner):
+        who = owner_text(header.owner, header.status)
+        return f"it is being run by {who}: wait for it (`{PROG} show {name}` again to follow it)"
+    resume = f"rerun the workflow or `{PROG} worker --app module:workflow`"
+    if intent and not pending:
+        return f"resolved as {intent['resolution']}; {resume} to continue"
+    also = (
+        f" ({doubt}: it re-fires with the same key; if it did fire, first "
+        f"`{PROG} resolve {name} --fired`)"
+        if pending
+        else ""
+    )
+    return (
+        f"nobody is running it (it crashed, was killed or released): {resume} to resume "
+        f"at step {step!r}{also}; to discard it: {PROG} rm {name}{' --force' * bool(intent)}"
+    )
+
+
+def _fields(pairs: list[tuple[str, str]], style: Style) -> list[str]:
+    width = max(len(label) for label, _ in pairs)
+    return [f"  {style.dim(label.ljust(width))}  {value}" for label, value in pairs]
+
+
+def describe(header: ckpt.Checkpoint, payload: bytes, size: int, style: Style) -> list[str]:
+    now = time.time()
+    n = len(header.steps)
+    if header.status == "completed":
+        where = f"finished in iteration {header.iteration}"
+    else:
+        step = header.steps[header.next_step] if header.next_step < n else "?"
+        where = f"next step {step!r} ({header.next_step + 1} of {n}), iteration {header.iteration}"
+    status = run_status(header.status, header.owner)
+    lines = [f"{style.bold(header.run)}  {style.status(status)}"]
+    lines += _fields(
+        [
+            ("position" if status in ("running", "completed") else "stopped at", where),
+            ("owner", owner_text(header.owner, header.status)),
+            ("committed", f"{header.committed} step commit{'s' * (header.committed != 1)}"),
+            ("steps", " -> ".join(header.steps)),
+            ("serializer", header.serializer),
+            ("size", f"{human_size(size)} ({human_size(len(payload))} of state)"),
+            ("created", timestamp(header.created_at, now)),
+            ("updated", timestamp(header.updated_at, now)),
+        ],
+        style,
+    )
+    if header.intent:
+        intent = header.intent
+        resolution = intent.get("resolution") or "none yet"
+        lines += ["", style.bold("pending intent")]
+        lines += _fields(
+            [
+                ("step", f"{intent.get('step')} (iteration {intent.get('iteration')})"),
+                ("idempotency key", str(intent.get("key"))),
+                ("written", timestamp(float(intent.get("at", 0)), now)),
+                ("resolution", resolution),
+            ],
+            style,
+        )
+    if header.error:
+        err = header.error
+        lines += ["", style.bold("last error")]
+        lines += _fields(
+            [
+                ("step", f"{err.get('step')} (iteration {err.get('iteration')})"),
+                ("error", style.paint(f"{err.get('type')}: {err.get('message')}", "red")),
+                ("attempts", str(err.get("attempts"))),
+                ("at", timestamp(float(err.get("at", 0)), now)),
+            ],
+            style,
+        )
+    if header.history:
+        rows = [
+            [
+                str(s),
+                str(i),
+                str(a),
+                human_duration(int(millis) / 1000) if a else "not run (resolved)",
+                human_age(now - float(at)),
+            ]
+            for s, i, a, millis, at in header.history
+        ]
+        lines += ["", style.bold("recent steps (oldest first)")]
+        headers = ["STEP", "ITER", "ATTEMPTS", "DURATION", "COMMITTED"]
+        lines += table(headers, rows, style=style, right=(1, 2, 3), indent="  ")
+    lines += ["", f"{style.bold('next:')} {next_hint(header)}"]
+    return lines
+
+
+def summary(run: RunInfo, now: float) -> dict[str, Any]:
+    """``run`` as one object of ``ls --json``."""
+    h = run.header or {}
+    return {
+        "run": run.name,
+        "workflow": run.workflow,
+        "run_id": run.run_id,
+        "key": run.key,
+        "status": run.status,
+        "owner": h.get("owner"),
+        "next_step": _next_step(h) if run.problem is None else None,
+        "iteration": h.get("iteration"),
+        "committed": h.get("committed"),
+        "updated_at": h.get("updated_at"),
+        "age_seconds": round(now - h["updated_at"], 3) if "updated_at" in h else None,
+        "size": run.size,
+        "intent": h.get("intent"),
+        "error": h.get("error"),
+        "problem": run.problem,
+    }
+
+
+def _decode_state(header: ckpt.Checkpoint, payload: bytes, unsafe: bool) -> Any:
+    name = header.serializer
+    inner = name.removesuffix(_SIGNED)
+    if inner not in ("json", "pickle"):
+        raise CommandError(f"run {header.run} uses a custom serializer {name!r}; cannot decode it")
+    if inner == "pickle" and not unsafe:
+        raise CommandError(
+            f"the state of run {header.run} is a pickle, and unpickling runs code chosen by "
+            "whoever wrote it: pass --unsafe-unpickle if you trust everyone who can write "
+            "to this store",
+            EXIT_USAGE,
+        )
+    serializer: Serializer
+    if name.endswith(_SIGNED):
+        key = os.environ.get(SIGNING_KEY_ENV)
+        if not key:
+            raise CommandError(
+                f"the state of run {header.run} is signed ({name}): set {SIGNING_KEY_ENV} "
+                "to the key it was written with",
+                EXIT_USAGE,
+            )
+        serializer = resolve_serializer(inner, key)
+    elif inner == "pickle" and os.environ.get(SIGNING_KEY_ENV):
+        raise CommandError(
+            f"the state of run {header.run} is an unsigned pickle, but {SIGNING_KEY_ENV} is "
+            "set: refusing to unpickle it (anyone who can write the store could have made "
+            "it), as the workflow itself would",
+            EXIT_REFUSED,
+        )
+    else:  # unsigned JSON, or unsigned pickle with no key in play
+        serializer = PickleSerializer() if inner == "pickle" else resolve_serializer("json")
+    try:
+        return serializer.loads(payload)
+    except CorruptCheckpoint as exc:
+        raise CorruptCheckpoint(f"run {header.run}: cannot decode the state: {exc}") from exc
+
+
+def _cmd_ls(args: argparse.Namespace, store: Store, style: Style) -> int:
+    runs = find_runs(store, args.workflow)
+    if args.status:
+        runs = [r for r in runs if r.status == args.status.replace("-", "_")]
+    now = time.time()
+    if args.json:
+        print(json.dumps([summary(r, now) for r in runs], indent=2))
+        return EXIT_OK
+    if not runs:
+        print(f"{PROG}: no matching runs in {args.store_url}", file=sys.stderr)
+        return EXIT_OK
+    rows = [ls_row(r, now) for r in runs]
+
+    def paint(row: int, column: int, text: str) -> str:
+        return style.status(runs[row].status, text) if column == 2 else text
+
+    headers = ["WORKFLOW", "RUN", "STATUS", "STEP", "ITER", "AGE", "SIZE"]
+    print("\n".join(table(headers, rows, style=style, color=paint, right=(4, 6))))
+    return EXIT_OK
+
+
+def _cmd_show(args: argparse.Namespace, store: Store, style: Style) -> int:
+    header, payload, data = load(store, *args.run)
+    state = _decode_state(header, payload, args.unsafe_unpickle) if args.state else None
+    if args.json:
+        raw = peek_header(data, header.workflow, header.run_id)
+        doc: dict[str, Any] = {"run": header.run, "size": len(data), "header": raw}
+        if args.state:
+            doc["state"] = state
+        print(json.dumps(doc, indent=2, ensure_ascii=False, default=repr))
+        return EXIT_OK
+    lines = describe(header, payload, len(data), style)
+    if args.state:
+        lines += ["", style.bold("state"), state_text(state, header.serializer)]
+    print("\n".join(lines))
+    return EXIT_OK
+
+
+def register(command: Callable[..., Any]) -> None:
+    """Add the ``ls`` and ``show`` subcommands through build_parser's ``command`` factory."""
+    ls = command(
+        "ls",
+        _cmd_ls,
+        "list runs: status, step reached, age, size",
+        "List runs, one per line: workflow, run id, status, the next step to run (or "
+        "'done'), iteration, time since the last checkpoint, size. Statuses: running (a "
+        "live process owns it), stopped (nobody runs it: crashed, killed or released), "
+        "failed, in-doubt, completed; 'corrupt' for a checkpoint that cannot be read.",
+    )
+    ls.add_argument("--workflow", "-w", type=workflow_name, help="only runs of this workflow")
+    ls.add_argument(
+        "--status",
+        "-s",
+        type=lambda s: s.replace("_", "-"),
+        choices=("running", "stopped", "completed", "failed", "in-doubt", "corrupt"),
+        help="only runs with this status",
+    )
+    ls.add_argument("--json", action="store_true", help="a JSON array, for machines")
+
+    show = command(
+        "show",
+        _cmd_show,
+        "why a run stopped: position, owner, pending intent, last error, history",
+        "Show a run: status; where it stopped (next step, iteration, commits); its owner "
+        "(host:pid and lease, or none); the pending intent of a non-idempotent step and its "
+        "idempotency key; the last error and its attempts; recent steps with durations; and "
+        "what to do next.",
+    )
+    show.add_argument("run", metavar="RUN", type=run_ref, help=RUN_HELP)
+    show.add_argument("--state", action="store_true", help="also print the saved state")
+    show.add_argument(
+        "--unsafe-unpickle",
+        action="store_true",
+        help="allow --state to unpickle a pickle state (runs code chosen by whoever wrote "
+        f"it; a signed one also needs ${SIGNING_KEY_ENV})",
+    )
+    show.add_argument("--json", action="store_true", help="the header (and state) as JSON")
