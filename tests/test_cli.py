@@ -24,6 +24,7 @@ from typing import Any
 import pytest
 
 import durable_steps as ds
+from durable_steps import _checkpoint as ckpt
 from durable_steps.testing import CrashingStore, SimulatedCrash
 from tests.conftest import StoreTarget
 
@@ -621,7 +622,8 @@ def test_colour_only_when_asked_and_never_with_no_color(runs: Runs) -> None:
     assert "\x1b[35mstopped" in painted.stdout
     # Colour never shifts the columns: stripped of escapes, the text is the plain one.
     plain = cli(runs.target, "ls", "--color", "never").stdout
-    assert _strip_ansi(painted.stdout).split() == plain.split()
+    ages = re.compile(r"just now|\d+[smhdw] ago")  # a second may pass between the two
+    assert ages.sub("AGE", _strip_ansi(painted.stdout)).split() == ages.sub("AGE", plain).split()
     env = {"NO_COLOR": "1"}
     assert "\x1b[" not in cli(runs.target, "show", "mail/fail-1", env=env).stdout
 
@@ -643,3 +645,102 @@ def test_ls_age_and_size_are_human(runs: Runs) -> None:
     assert cells[-4:-2] == ["just", "now"]
     assert re.fullmatch(r"3\.\d", cells[-2])
     assert cells[-1] == "KB"
+
+
+# -- stored text never reaches the terminal raw ---------------------------------
+
+HOSTILE = "x\x1b[2J\x9b31m\rgotcha\x07\x7f\x00"  # clear screen, 8-bit CSI, CR, BEL, DEL, NUL
+RAW_CONTROL = re.compile("[\x00-\x09\x0b-\x1f\x7f-\x9f]")  # every control but the newline
+
+
+def hostile_checkpoint(workflow: str, run_id: str, **fields: Any) -> bytes:
+    """A decodable checkpoint whose step names, error, owner host, intent and state hold
+    terminal escapes (as a buggy or malicious writer could store them).
+    """
+    now = time.time()
+    step = f"charge{HOSTILE}"
+    error = {"step": step, "iteration": 0, "type": f"E{HOSTILE}", "message": HOSTILE}
+    values: dict[str, Any] = {
+        "next_step": 1,
+        "intent": {"step": step, "index": 1, "iteration": 0, "key": f"ds-{HOSTILE}", "at": now},
+        "error": {**error, "attempts": 1, "at": now},
+        "history": ((f"prepare{HOSTILE}", 0, 1, 5, int(now)),),
+        **fields,
+    }
+    header = ckpt.Checkpoint(workflow, run_id, ("prepare", step), "json", **values)
+    return ckpt.encode(header, json.dumps({"note": HOSTILE, "multi": "a\nb"}).encode())
+
+
+@pytest.mark.parametrize("durable_target", ["local"], indirect=True)
+def test_stored_control_characters_are_escaped_in_human_output(
+    durable_target: StoreTarget,
+) -> None:
+    """Escapes stored in headers, states and keys are printed escaped by every command
+    (the terminal never obeys them); --json keeps them exact.
+    """
+    store = durable_target.open()
+    live = {"host": f"elsewhere{HOSTILE}", "pid": 7, "token": "t", "until": time.time() + 600}
+    store.put("evil/live-1/checkpoint", hostile_checkpoint("evil", "live-1", owner=live))
+    store.put("evil/doubt-1/checkpoint", hostile_checkpoint("evil", "doubt-1", status="in_doubt"))
+    store.put("evil/other/checkpoint", hostile_checkpoint("evil", f"other{HOSTILE}"))
+    # A header whose status is garbage: corrupt, but rm --force must still name it.
+    bad = hostile_checkpoint("evil", "bad-1").replace(b'"running"', b'"\\u001b[2J"', 1)
+    store.put("evil/bad-1/checkpoint", bad)
+    # A key (here: directory names) holding escapes, with a completed run inside.
+    odd_wf, odd_run = "w\x1b[2J", "r\r\x9b"
+    done = hostile_checkpoint(odd_wf, odd_run, status="completed", next_step=2, intent=None)
+    odd = Path(durable_target.url, odd_wf, odd_run)
+    odd.mkdir(parents=True)
+    (odd / "checkpoint").write_bytes(done)
+    store.close()
+
+    outputs = {
+        "ls": cli(durable_target, "ls"),
+        "show": cli(durable_target, "show", "evil/live-1", "--state", "--color", "always"),
+        "show-doubt": cli(durable_target, "show", "evil/doubt-1"),
+        "show-other": cli(durable_target, "show", "evil/other"),
+        "rm-live": cli(durable_target, "rm", "evil/live-1"),
+        "resolve-live": cli(durable_target, "resolve", "evil/live-1", "--fired"),
+        "rm-doubt": cli(durable_target, "rm", "evil/doubt-1"),
+        "resolve": cli(durable_target, "resolve", "evil/doubt-1", "--fired"),
+        "rm-bad": cli(durable_target, "rm", "evil/bad-1", "--force"),
+        "prune-dry": cli(durable_target, "prune", "--completed", "--older-than", "0s"),
+        "prune": cli(durable_target, "prune", "--completed", "--older-than", "0s", "--yes"),
+    }
+    for what, proc in outputs.items():
+        # --color always: the only escapes left are the colours the CLI adds itself.
+        text = re.sub(r"\x1b\[[0-9;]*m", "", proc.stdout + proc.stderr)
+        assert not RAW_CONTROL.search(text), (what, text)
+    assert [outputs[w].returncode for w in outputs] == [0, 0, 0, 1, 4, 4, 4, 0, 0, 0, 0]
+
+    escaped = r"x\x1b[2J\x9b31m\rgotcha\x07\x7f\x00"
+    show = _strip_ansi(outputs["show"].stdout)
+    assert f"elsewhere{escaped}:7 (lease ends in" in show
+    assert f"E{escaped}: {escaped}" in show
+    assert f"prepare -> charge{escaped}" in show
+    assert f"idempotency key  ds-{escaped}" in show
+    # The state stays JSON (all escaped the JSON way) laid out on several lines.
+    state = json.loads(show.partition("\nstate\n")[2])
+    assert state == {"note": HOSTILE, "multi": "a\nb"}
+    assert f"prepare{escaped}" in outputs["show-doubt"].stdout
+    one_line = escaped.replace(r"\r", " ")  # an error is one line: its whitespace is collapsed
+    assert f"(evil/other{one_line})" in one_error_line(outputs["show-other"])
+    assert f"elsewhere{one_line}" in one_error_line(outputs["rm-live"])
+    assert f"elsewhere{one_line}" in one_error_line(outputs["resolve-live"])
+    assert f"ds-{one_line}" in one_error_line(outputs["rm-doubt"])
+    assert f"key ds-{escaped}" in outputs["resolve"].stdout
+    assert r"deleted evil/bad-1 (\x1b[2J" in outputs["rm-bad"].stdout
+    assert r"w\x1b[2J  r\r\x9b" in outputs["ls"].stdout
+    assert r"deleted w\x1b[2J/r\r\x9b (completed" in outputs["prune"].stdout
+
+    # --json is exact: the same strings come back, escaped only as JSON escapes them.
+    for args in (("show", "evil/doubt-1", "--json", "--state"), ("ls", "--json")):
+        proc = cli(durable_target, *args)
+        assert not RAW_CONTROL.search(proc.stdout), args
+        doc = json.loads(proc.stdout)
+        header = doc["header"] if args[0] == "show" else doc[0]
+        assert header["error"]["message"] == HOSTILE
+        assert header["intent"]["key"] == f"ds-{HOSTILE}"
+    doc = json.loads(cli(durable_target, "show", "evil/live-1", "--json", "--state").stdout)
+    assert doc["header"]["owner"]["host"] == f"elsewhere{HOSTILE}"
+    assert doc["state"] == {"note": HOSTILE, "multi": "a\nb"}

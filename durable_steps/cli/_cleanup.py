@@ -23,7 +23,7 @@ from ._base import (
     run_ref,
     workflow_name,
 )
-from ._format import Style, human_age, human_size, parse_duration, status_label, table
+from ._format import Style, echo, human_age, human_size, parse_duration, status_label, table
 from ._runs import RunInfo, find_runs, owner_text, peek_header, run_status
 
 __all__ = ["register"]
@@ -58,7 +58,7 @@ def _cmd_rm(args: argparse.Namespace, store: Store, style: Style) -> int:
             EXIT_REFUSED,
         )
     store.delete(key, match=found[1])  # refused if the run changed since we looked
-    print(f"deleted {name} ({status_label(status)}, {human_size(len(found[0]))})")
+    echo(f"deleted {name} ({status_label(status)}, {human_size(len(found[0]))})")
     return EXIT_OK
 
 
@@ -80,11 +80,12 @@ def _cmd_prune(args: argparse.Namespace, store: Store, style: Style) -> int:
         else:
             chosen.append((run, age))
     if kept:
-        print(
-            f"{PROG}: keeping {kept} run(s) with a step in doubt; see `{PROG} ls`", file=sys.stderr
+        echo(
+            f"{PROG}: keeping {kept} run(s) with a step in doubt; see `{PROG} ls`",
+            stream=sys.stderr,
         )
     if not chosen:
-        print(f"{PROG}: nothing to prune in {args.store_url}", file=sys.stderr)
+        echo(f"{PROG}: nothing to prune in {args.store_url}", stream=sys.stderr)
         return EXIT_OK
     total = human_size(sum(r.size for r, _ in chosen))
     rows = [
@@ -101,10 +102,10 @@ def _cmd_prune(args: argparse.Namespace, store: Store, style: Style) -> int:
         try:
             store.delete(run.key, match=run.version)
         except CheckpointConflict:
-            print(f"{PROG}: kept {run.name}: it changed since it was listed", file=sys.stderr)
+            echo(f"{PROG}: kept {run.name}: it changed since it was listed", stream=sys.stderr)
             continue
         deleted.append(run)
-        print(f"deleted {run.name} ({status_label(run.status)}, {human_size(run.size)})")
+        echo(f"deleted {run.name} ({status_label(run.status)}, {human_size(run.size)})")
     size = human_size(sum(r.size for r in deleted))
     print(f"deleted {len(deleted)} run{'s' * (len(deleted) != 1)} ({size})")
     return EXIT_OK

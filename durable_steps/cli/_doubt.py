@@ -9,7 +9,7 @@ from typing import Any
 from .. import _resolve
 from ..stores import Store
 from ._base import EXIT_OK, EXIT_REFUSED, RUN_HELP, CommandError, run_ref
-from ._format import Style, status_label
+from ._format import Style, echo, status_label
 from ._runs import load, run_status
 
 __all__ = ["register"]
@@ -31,7 +31,7 @@ def _cmd_resolve(args: argparse.Namespace, store: Store, style: Style) -> int:
         if args.fired
         else "not fired: the next run fires it again with the same idempotency key"
     )
-    print(
+    echo(
         f"resolved {header.run}: step {intent.get('step')!r} (iteration "
         f"{intent.get('iteration')}, key {intent.get('key')}) {what}. Rerun the workflow."
     )

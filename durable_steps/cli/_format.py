@@ -2,28 +2,75 @@
 
 Colour switches itself off in a pipe or when ``NO_COLOR`` is set. Nothing
 here knows about runs or stores.
+
+Anything read from a store (names, error messages, host names, states) may
+hold terminal escapes: it passes through :func:`clean` before it is styled
+or printed -- :func:`table` cleans its cells, :func:`echo` whole lines.
 """
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import re
 import time
 from collections.abc import Callable, Sequence
-from typing import TextIO
+from typing import Any, TextIO
 
 __all__ = [
     "Style",
+    "clean",
+    "echo",
     "human_age",
     "human_duration",
     "human_size",
+    "json_text",
     "parse_duration",
     "status_label",
     "table",
     "timestamp",
     "use_color",
 ]
+
+# C0 (with tab, CR and LF), DEL and C1 control characters, and lone
+# surrogates (a non-UTF-8 file name, or "\ud800" in a JSON header): a
+# terminal obeys the first, and the second cannot even be encoded for it.
+_UNSAFE = re.compile("[\x00-\x1f\x7f-\x9f\ud800-\udfff]")
+_ESCAPES = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
+# What json.dumps(ensure_ascii=False) leaves raw: JSON requires escaping only
+# below U+0020, and these are inside strings, so \uXXXX keeps the value exact.
+_JSON_UNSAFE = re.compile("[\x7f-\x9f\ud800-\udfff]")
+
+
+def clean(text: str, *, newlines: bool = False) -> str:
+    r"""``text`` safe to print: control characters and lone surrogates escaped.
+
+    ``\x1b[2J`` shows as ``\\x1b[2J``, a carriage return as ``\\r``, U+009B
+    as ``\\x9b``. Newlines are escaped too unless ``newlines`` (for text the
+    command lays out on several lines itself, such as a pretty-printed state).
+    """
+
+    def escape(match: re.Match[str]) -> str:
+        char = match.group()
+        if newlines and char == "\n":
+            return char
+        code = ord(char)
+        return _ESCAPES.get(char) or (f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}")
+
+    return _UNSAFE.sub(escape, text)
+
+
+def echo(text: str, *, stream: TextIO | None = None) -> None:
+    """Print one uncoloured line, cleaned (to stdout, or ``stream``)."""
+    print(clean(text), file=stream)
+
+
+def json_text(value: Any) -> str:
+    """``value`` as indented JSON, exact, with nothing a terminal would obey."""
+    text = json.dumps(value, indent=2, ensure_ascii=False, default=repr)
+    return _JSON_UNSAFE.sub(lambda match: f"\\u{ord(match.group()):04x}", text)
+
 
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 _DURATION = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([smhdw])\s*")
@@ -154,10 +201,12 @@ def table(
 ) -> list[str]:
     """Lines of an aligned table with a bold header row.
 
-    Widths are measured on the plain text; ``color(row, column, padded)``
-    then decorates each padded cell, so escapes never break the alignment.
-    Columns listed in ``right`` are right-aligned.
+    Cells are cleaned (they often come from the store) and widths measured
+    on the plain text; ``color(row, column, padded)`` then decorates each
+    padded cell, so escapes never break the alignment. Columns listed in
+    ``right`` are right-aligned.
     """
+    rows = [[clean(cell) for cell in row] for row in rows]
     widths = [len(h) for h in headers]
     for row in rows:
         for i, cell in enumerate(row):

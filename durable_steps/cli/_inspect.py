@@ -26,7 +26,18 @@ from ._base import (
     run_ref,
     workflow_name,
 )
-from ._format import Style, human_age, human_duration, human_size, status_label, table, timestamp
+from ._format import (
+    Style,
+    clean,
+    echo,
+    human_age,
+    human_duration,
+    human_size,
+    json_text,
+    status_label,
+    table,
+    timestamp,
+)
 from ._runs import RunInfo, find_runs, load, owner_text, peek_header, run_status
 
 __all__ = ["describe", "next_hint", "register", "summary"]
@@ -64,10 +75,10 @@ def ls_row(run: RunInfo, now: float) -> list[str]:
 
 
 def state_text(state: Any, serializer: str) -> str:
-    """A state for reading: indented JSON, or ``pprint`` for a pickled object."""
+    """A state for reading: indented JSON (still exact JSON), or ``pprint`` for a pickle."""
     if serializer.startswith("json"):
-        return json.dumps(state, indent=2, ensure_ascii=False)
-    return pprint.pformat(state, sort_dicts=False)
+        return json_text(state)
+    return clean(pprint.pformat(state, sort_dicts=False), newlines=True)
 
 
 def next_hint(header: ckpt.Checkpoint) -> str:
@@ -106,9 +117,14 @@ def next_hint(header: ckpt.Checkpoint) -> str:
     )
 
 
-def _fields(pairs: list[tuple[str, str]], style: Style) -> list[str]:
+def _fields(pairs: list[tuple[str, str]], style: Style, red: str = "") -> list[str]:
+    """Aligned ``label  value`` lines; values are cleaned, the one labelled ``red`` painted."""
     width = max(len(label) for label, _ in pairs)
-    return [f"  {style.dim(label.ljust(width))}  {value}" for label, value in pairs]
+    lines = []
+    for label, value in pairs:
+        text = style.paint(clean(value), "red") if label == red else clean(value)
+        lines.append(f"  {style.dim(label.ljust(width))}  {text}")
+    return lines
 
 
 def describe(header: ckpt.Checkpoint, payload: bytes, size: int, style: Style) -> list[str]:
@@ -120,7 +136,7 @@ def describe(header: ckpt.Checkpoint, payload: bytes, size: int, style: Style) -
         step = header.steps[header.next_step] if header.next_step < n else "?"
         where = f"next step {step!r} ({header.next_step + 1} of {n}), iteration {header.iteration}"
     status = run_status(header.status, header.owner)
-    lines = [f"{style.bold(header.run)}  {style.status(status)}"]
+    lines = [f"{style.bold(clean(header.run))}  {style.status(status)}"]
     lines += _fields(
         [
             ("position" if status in ("running", "completed") else "stopped at", where),
@@ -153,11 +169,12 @@ def describe(header: ckpt.Checkpoint, payload: bytes, size: int, style: Style) -
         lines += _fields(
             [
                 ("step", f"{err.get('step')} (iteration {err.get('iteration')})"),
-                ("error", style.paint(f"{err.get('type')}: {err.get('message')}", "red")),
+                ("error", f"{err.get('type')}: {err.get('message')}"),
                 ("attempts", str(err.get("attempts"))),
                 ("at", timestamp(float(err.get("at", 0)), now)),
             ],
             style,
+            red="error",
         )
     if header.history:
         rows = [
@@ -173,7 +190,7 @@ def describe(header: ckpt.Checkpoint, payload: bytes, size: int, style: Style) -
         lines += ["", style.bold("recent steps (oldest first)")]
         headers = ["STEP", "ITER", "ATTEMPTS", "DURATION", "COMMITTED"]
         lines += table(headers, rows, style=style, right=(1, 2, 3), indent="  ")
-    lines += ["", f"{style.bold('next:')} {next_hint(header)}"]
+    lines += ["", f"{style.bold('next:')} {clean(next_hint(header))}"]
     return lines
 
 
@@ -245,7 +262,7 @@ def _cmd_ls(args: argparse.Namespace, store: Store, style: Style) -> int:
         print(json.dumps([summary(r, now) for r in runs], indent=2))
         return EXIT_OK
     if not runs:
-        print(f"{PROG}: no matching runs in {args.store_url}", file=sys.stderr)
+        echo(f"{PROG}: no matching runs in {args.store_url}", stream=sys.stderr)
         return EXIT_OK
     rows = [ls_row(r, now) for r in runs]
 
@@ -265,7 +282,7 @@ def _cmd_show(args: argparse.Namespace, store: Store, style: Style) -> int:
         doc: dict[str, Any] = {"run": header.run, "size": len(data), "header": raw}
         if args.state:
             doc["state"] = state
-        print(json.dumps(doc, indent=2, ensure_ascii=False, default=repr))
+        print(json_text(doc))
         return EXIT_OK
     lines = describe(header, payload, len(data), style)
     if args.state:

@@ -16,7 +16,7 @@ from ..errors import CheckpointConflict, DefinitionError, DurableStepsError, Run
 from ..stores import DEFAULT_STORE, STORE_ENV, Store, open_store
 from . import _cleanup, _doubt, _inspect, _worker
 from ._base import EXIT_ERROR, EXIT_REFUSED, EXIT_USAGE, PROG, CommandError
-from ._format import Style, use_color
+from ._format import Style, echo, use_color
 
 __all__ = ["build_parser", "main"]
 
@@ -130,7 +130,7 @@ def _report(exc: BaseException, debug: bool) -> int:
         text = f"{type(exc).__name__}: {exc} (rerun with --debug for the traceback)"
     if debug:
         traceback.print_exception(type(exc), exc, exc.__traceback__)
-    print(f"{PROG}: error: {' '.join(text.split())}", file=sys.stderr)
+    echo(f"{PROG}: error: {' '.join(text.split())}", stream=sys.stderr)
     return code
 
 
