@@ -382,6 +382,71 @@ def test_rm_deletes_only_checkpoints_and_guards_in_doubt_runs(runs: Runs) -> Non
     assert runs.exists("mail/fail-1/checkpoint")
 
 
+# -- a bare run id --------------------------------------------------------------
+
+
+def test_a_bare_run_id_names_the_one_run_that_has_it(runs: Runs) -> None:
+    """show, resolve and rm take a bare RUN_ID that one run has; several: exit 2 naming
+    them all (nothing done); none: exit 3.
+    """
+    shown = cli(runs.target, "show", "doubt-1")
+    assert shown.returncode == 0, shown.stderr
+    assert shown.stdout.startswith("pay/doubt-1  in-doubt")
+    resolved = cli(runs.target, "resolve", "doubt-1", "--not-fired")
+    assert resolved.returncode == 0, resolved.stderr
+    assert resolved.stdout.startswith("resolved pay/doubt-1: step 'charge'")
+    removed = cli(runs.target, "rm", "done-1")
+    assert removed.returncode == 0, removed.stderr
+    assert "deleted pay/done-1 (completed" in removed.stdout
+    assert not runs.exists("pay/done-1/checkpoint")
+
+    ds.Workflow("mail", store=runs.store, steps=[noop]).run("doubt-1")
+    for args in (
+        ["show", "doubt-1"],
+        ["rm", "doubt-1", "--force"],
+        ["resolve", "doubt-1", "--fired"],
+    ):
+        ambiguous = cli(runs.target, *args)
+        assert ambiguous.returncode == 2, ambiguous.stderr
+        assert "run id 'doubt-1' is ambiguous: 2 runs have it (mail/doubt-1, pay/doubt-1)" in (
+            one_error_line(ambiguous)
+        )
+    assert runs.exists("pay/doubt-1/checkpoint")
+    assert runs.exists("mail/doubt-1/checkpoint")
+    assert cli(runs.target, "show", "mail/doubt-1").returncode == 0  # the full name still works
+    for args in (["show", "nope-1"], ["rm", "nope-1"], ["resolve", "nope-1", "--fired"]):
+        missing = cli(runs.target, *args)
+        assert missing.returncode == 3, missing.stderr
+        assert "no run has the id 'nope-1'" in one_error_line(missing)
+
+
+def test_a_bare_run_id_costs_one_list(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Finding a bare run id is one LIST and no GET: show then reads the one run it found."""
+    from durable_steps.cli import _main
+    from tests.storetools import Wrapped
+
+    store = ds.LocalStore(tmp_path / "store")
+    for name in ("a", "b", "c"):
+        ds.Workflow(name, store=store, steps=[noop]).run(f"{name}-1")
+    calls: list[str] = []
+
+    class Counting(Wrapped):
+        def get(self, key: str) -> tuple[bytes, str] | None:
+            calls.append(f"GET {key}")
+            return super().get(key)
+
+        def list(self, prefix: str) -> Any:
+            calls.append(f"LIST {prefix!r}")
+            return super().list(prefix)
+
+    monkeypatch.setattr(_main, "open_store", lambda url: Counting(store))
+    assert _main.main(["show", "b-1"]) == 0, capsys.readouterr().err
+    assert capsys.readouterr().out.startswith("b/b-1  completed")
+    assert calls == ["LIST ''", "GET b/b-1/checkpoint"]
+
+
 # -- a run a live process owns ----------------------------------------------
 
 LIVE_CHILD = """
@@ -516,7 +581,8 @@ def test_prune_failed_keeps_runs_with_a_pending_intent(runs: Runs) -> None:
 def test_errors_are_one_line_with_meaningful_exit_codes(runs: Runs, tmp_path: Path) -> None:
     """Bad input exits 2, a missing run 3, an unreadable checkpoint 1: one line each."""
     cases = [
-        (["show", "no-slash"], 2, "WORKFLOW/RUN_ID"),
+        (["show", "no-slash"], 3, "no run has the id 'no-slash'"),
+        (["show", ".hidden"], 2, "invalid run id"),
         (["show", "pay/../x"], 2, "invalid run id"),
         (["prune", "--completed", "--older-than", "7 days"], 2, "invalid duration"),
         (["prune", "--older-than", "7d"], 2, "--completed and/or --failed"),

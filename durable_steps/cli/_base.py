@@ -24,7 +24,10 @@ __all__ = [
 ]
 
 PROG = "durable-steps"
-RUN_HELP = "the run, as WORKFLOW/RUN_ID (the first two columns of `ls`)"
+RUN_HELP = (
+    "the run, as WORKFLOW/RUN_ID (the first two columns of `ls`), or a bare RUN_ID "
+    "that only one run has"
+)
 EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_NOT_FOUND, EXIT_REFUSED = 0, 1, 2, 3, 4
 
 
@@ -50,11 +53,14 @@ def arg(parse: Callable[[str], Any]) -> Callable[[str], Any]:
 
 
 @arg
-def run_ref(text: str) -> tuple[str, str]:
-    """``WORKFLOW/RUN_ID`` as a pair of validated names."""
+def run_ref(text: str) -> tuple[str | None, str]:
+    """``WORKFLOW/RUN_ID`` as validated names; a bare ``RUN_ID`` as ``(None, RUN_ID)``.
+
+    A bare id is looked up in the store by the command (``_runs.locate``).
+    """
     workflow, sep, run_id = text.partition("/")
     if not sep:
-        raise ValueError(f"{text!r} is not WORKFLOW/RUN_ID (e.g. support-agent/ticket-4411)")
+        return None, ckpt.validate_name(text, "run id")
     return ckpt.validate_name(workflow, "workflow name"), ckpt.validate_name(run_id, "run id")
 
 

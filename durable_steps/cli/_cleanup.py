@@ -24,13 +24,13 @@ from ._base import (
     workflow_name,
 )
 from ._format import Style, echo, human_age, human_size, parse_duration, status_label, table
-from ._runs import RunInfo, find_runs, owner_text, peek_header, run_status
+from ._runs import RunInfo, find_runs, locate, owner_text, peek_header, run_status
 
 __all__ = ["register"]
 
 
 def _cmd_rm(args: argparse.Namespace, store: Store, style: Style) -> int:
-    workflow, run_id = args.run
+    workflow, run_id = locate(store, args.run)
     name, key = f"{workflow}/{run_id}", ckpt.checkpoint_key(workflow, run_id)
     found = store.get(key)
     if found is None:

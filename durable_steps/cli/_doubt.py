@@ -10,13 +10,13 @@ from .. import _resolve
 from ..stores import Store
 from ._base import EXIT_OK, EXIT_REFUSED, RUN_HELP, CommandError, run_ref
 from ._format import Style, echo, status_label
-from ._runs import load, run_status
+from ._runs import load, locate, run_status
 
 __all__ = ["register"]
 
 
 def _cmd_resolve(args: argparse.Namespace, store: Store, style: Style) -> int:
-    workflow, run_id = args.run
+    workflow, run_id = locate(store, args.run)
     header, _, _ = load(store, workflow, run_id)
     intent = header.intent
     if intent is None:

@@ -38,7 +38,7 @@ from ._format import (
     table,
     timestamp,
 )
-from ._runs import RunInfo, find_runs, load, owner_text, peek_header, run_status
+from ._runs import RunInfo, find_runs, load, locate, owner_text, peek_header, run_status
 
 __all__ = ["describe", "next_hint", "register", "summary"]
 
@@ -275,7 +275,7 @@ def _cmd_ls(args: argparse.Namespace, store: Store, style: Style) -> int:
 
 
 def _cmd_show(args: argparse.Namespace, store: Store, style: Style) -> int:
-    header, payload, data = load(store, *args.run)
+    header, payload, data = load(store, *locate(store, args.run))
     state = _decode_state(header, payload, args.unsafe_unpickle) if args.state else None
     if args.json:
         raw = peek_header(data, header.workflow, header.run_id)

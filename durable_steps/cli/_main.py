@@ -35,6 +35,7 @@ find a stopped run and see why:
   {PROG} ls --status failed                 runs stopped by a step's error
   {PROG} ls --status stopped                runs nobody is running (crashed, killed)
   {PROG} show support-agent/t-4411          the error, pending intent, recent steps
+  {PROG} show t-4411                        the same, if only one run has that id
   {PROG} show support-agent/t-4411 --state  ... and the saved state
   then rerun the workflow (wf.run(run_id)): it resumes at the step shown
 
@@ -56,7 +57,8 @@ store: --store URL, else ${STORE_ENV}, else {DEFAULT_STORE}. A URL is a path,
   AWS_ENDPOINT_URL_S3 for MinIO, R2, Ceph, SeaweedFS, ...).
 
 exit status:
-  0 ok   1 error (store failed, unreadable checkpoint)   2 usage   3 run not found
+  0 ok   1 error (store failed, unreadable checkpoint)   3 run not found
+  2 usage (also: a bare run id that several runs have)
   4 refused (a live process owns the run, the status does not allow it, nothing
     to resolve, not a checkpoint, or the run changed meanwhile)
 colour only on a terminal, never when NO_COLOR is set."""

@@ -16,10 +16,18 @@ from .. import _checkpoint as ckpt
 from .._lease import is_live, lease_end
 from ..errors import CorruptCheckpoint
 from ..stores import Store
-from ._base import EXIT_NOT_FOUND, PROG, CommandError
+from ._base import EXIT_NOT_FOUND, EXIT_USAGE, PROG, CommandError
 from ._format import human_age
 
-__all__ = ["RunInfo", "find_runs", "load", "owner_text", "peek_header", "run_status"]
+__all__ = [
+    "RunInfo",
+    "find_runs",
+    "load",
+    "locate",
+    "owner_text",
+    "peek_header",
+    "run_status",
+]
 
 
 def peek_header(data: bytes, workflow: str, run_id: str) -> dict[str, Any] | None:
@@ -72,13 +80,19 @@ class RunInfo:
         return f"{self.workflow}/{self.run_id}"
 
 
-def find_runs(store: Store, workflow: str | None) -> list[RunInfo]:
-    """Every run under ``workflow/`` (or the whole store): one LIST, one GET per run."""
+def _run_keys(store: Store, workflow: str | None) -> list[tuple[str, str, str]]:
+    """``(workflow, run_id, key)`` of every checkpoint key under ``workflow/``: one LIST."""
     keys = []
     for info in store.list(f"{workflow}/" if workflow else ""):
         parts = info.key.split("/")
         if len(parts) == 3 and parts[2] == ckpt.CHECKPOINT_OBJECT:
             keys.append((parts[0], parts[1], info.key))
+    return keys
+
+
+def find_runs(store: Store, workflow: str | None) -> list[RunInfo]:
+    """Every run under ``workflow/`` (or the whole store): one LIST, one GET per run."""
+    keys = _run_keys(store, workflow)
 
     def fetch(item: tuple[str, str, str]) -> RunInfo | None:
         found = store.get(item[2])
@@ -86,6 +100,31 @@ def find_runs(store: Store, workflow: str | None) -> list[RunInfo]:
 
     with ThreadPoolExecutor(max_workers=max(1, min(16, len(keys)))) as pool:
         return [run for run in pool.map(fetch, keys) if run is not None]
+
+
+def locate(store: Store, ref: tuple[str | None, str]) -> tuple[str, str]:
+    """The run a ``RUN`` argument names, as ``(workflow, run_id)``.
+
+    ``WORKFLOW/RUN_ID`` names itself, unlooked-at. A bare ``RUN_ID`` must be
+    the id of exactly one run in the store (one LIST, no GET): none exits 3,
+    several exit 2 (usage: say which) naming them all.
+    """
+    workflow, run_id = ref
+    if workflow is not None:
+        return workflow, run_id
+    workflows = sorted(w for w, r, _ in _run_keys(store, None) if r == run_id)
+    if not workflows:
+        raise CommandError(
+            f"no run has the id {run_id!r}; list runs with `{PROG} ls`", EXIT_NOT_FOUND
+        )
+    if len(workflows) > 1:
+        names = ", ".join(f"{w}/{run_id}" for w in workflows)
+        raise CommandError(
+            f"run id {run_id!r} is ambiguous: {len(workflows)} runs have it ({names}); "
+            "name one as WORKFLOW/RUN_ID",
+            EXIT_USAGE,
+        )
+    return workflows[0], run_id
 
 
 def run_status(status: str, owner: dict[str, Any] | None) -> str:
