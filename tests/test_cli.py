@@ -27,6 +27,7 @@ import durable_steps as ds
 from durable_steps import _checkpoint as ckpt
 from durable_steps.testing import CrashingStore, SimulatedCrash
 from tests.conftest import StoreTarget
+from tests.storetools import rewrite_header
 
 LOCAL_AND_MOTO = [
     pytest.param("local", id="local"),
@@ -340,10 +341,10 @@ def test_resolve_refusals(runs: Runs) -> None:
         nothing = cli(runs.target, "resolve", run, "--fired")
         assert nothing.returncode == 4
         assert f"(status {status}); nothing to resolve" in one_error_line(nothing)
-    # The default in_doubt="refire" policy leaves a crashed run 'running' (stopped: its
-    # owner is gone) with its intent; only a live owner needs --force (test_live_run_...).
+    # A crash after the intent leaves the run 'running' (its owner gone) with the intent:
+    # in doubt; only a live owner needs --force (test_live_run_...).
     runs.crash("stop-1", after_write=3, name="refund")
-    assert rows(cli(runs.target, "ls", "-w", "refund").stdout)["refund/stop-1"][0] == "stopped"
+    assert rows(cli(runs.target, "ls", "-w", "refund").stdout)["refund/stop-1"][0] == "in-doubt"
     resolved = cli(runs.target, "resolve", "refund/stop-1", "--fired")
     assert resolved.returncode == 0, resolved.stderr
     assert runs.workflow(name="refund").run("stop-1")["receipt"] is True
@@ -380,6 +381,68 @@ def test_rm_deletes_only_checkpoints_and_guards_in_doubt_runs(runs: Runs) -> Non
     assert all(runs.exists(key) for key in [*JUNK, "pay/copy-1/checkpoint"])
     assert runs.exists("pay/doubt-1/checkpoint")
     assert runs.exists("mail/fail-1/checkpoint")
+
+
+# -- a crash with the intent written ----------------------------------------------
+
+
+def next_line(proc: Any) -> str:
+    """The ``next:`` line of ``show``."""
+    [line] = [line for line in proc.stdout.splitlines() if line.startswith("next: ")]
+    return str(line)
+
+
+@pytest.mark.parametrize("durable_target", ["local"], indirect=True)
+def test_a_crash_with_a_pending_intent_is_in_doubt_and_show_follows_the_policy(
+    runs: Runs,
+) -> None:
+    """A run that crashed with its intent written (status running, no live owner) is
+    in-doubt in ls, ls --status in-doubt and show; show's advice follows intent["policy"].
+    """
+    runs.crash("lost-1", after_write=3)  # the intent of 'charge' (in_doubt="raise") is written
+    table = rows(cli(runs.target, "ls").stdout)
+    assert table["pay/lost-1"][:3] == ["in-doubt", "charge", "(2/3)"]
+    assert table["pay/crash-1"][0] == "stopped"  # crashed with nothing in doubt
+    doubt = cli(runs.target, "ls", "--status", "in-doubt")
+    assert sorted(rows(doubt.stdout)) == ["pay/doubt-1", "pay/lost-1"]
+    assert list(rows(cli(runs.target, "ls", "-s", "stopped").stdout)) == ["pay/crash-1"]
+    entry = [
+        e for e in json.loads(cli(runs.target, "ls", "--json").stdout) if e["run"] == "pay/lost-1"
+    ]
+    assert entry[0]["status"] == "in_doubt"
+    shown = cli(runs.target, "show", "pay/lost-1")
+    assert shown.stdout.startswith("pay/lost-1  in-doubt")
+    assert "re-fires" not in shown.stdout  # its policy is raise: a rerun stops
+    assert "StepInDoubt" in next_line(shown)
+    assert cli(runs.target, "rm", "pay/lost-1").returncode == 4
+
+    key = "pay/lost-1/checkpoint"
+    found = runs.store.get(key)
+    assert found is not None
+    intent = {k: v for k, v in ckpt.decode(found[0], where=key)[0].intent.items() if k != "policy"}
+    advice = {
+        "raise": "a rerun stops with StepInDoubt until you say what happened: ask the service",
+        "refire": "a rerun fires it again with the same key (the service can drop a duplicate)",
+        "reconcile": "a rerun first asks the step's reconcile hook whether it went through",
+    }
+    for policy, text in advice.items():
+        rewrite_header(runs.store, key, intent={**intent, "policy": policy})
+        shown = cli(runs.target, "show", "pay/lost-1")
+        assert re.search(rf"policy\s+{policy}\n", shown.stdout), shown.stdout
+        hint = next_line(shown)
+        assert text in hint
+        assert [t for t in advice.values() if t in hint] == [text]
+        assert "resolve pay/lost-1 --fired" in hint
+    rewrite_header(runs.store, key, intent=intent)  # an older checkpoint: no policy recorded
+    shown = cli(runs.target, "show", "pay/lost-1")
+    assert "policy           not recorded (an older checkpoint)" in shown.stdout
+    hint = next_line(shown)
+    assert "depends on the step's policy, which this checkpoint does not record" in hint
+    assert all(p in hint for p in ("in_doubt='refire'", "reconcile hook", "in_doubt='raise'"))
+    rewrite_header(runs.store, key, intent={**intent, "policy": "raise"})
+    with pytest.raises(ds.StepInDoubt):  # what show said: the rerun stops
+        runs.workflow().run("lost-1")
+    assert runs.charges == []
 
 
 # -- a bare run id --------------------------------------------------------------
@@ -511,12 +574,12 @@ def test_live_run_is_running_until_its_process_dies(
         child.send_signal(signal.SIGKILL)
         child.communicate()
 
-    assert rows(cli(durable_target, "ls").stdout)["live/l-1"][0] == "stopped"
+    assert rows(cli(durable_target, "ls").stdout)["live/l-1"][0] == "in-doubt"
     shown = cli(durable_target, "show", "live/l-1").stdout
-    assert shown.startswith("live/l-1  stopped")
+    assert shown.startswith("live/l-1  in-doubt")
     assert re.search(rf"owner\s+{re.escape(who)} \(gone\)", shown), shown
-    assert "nobody is running it" in shown
-    assert "if it did fire, first `durable-steps resolve live/l-1 --fired`" in shown
+    assert "nobody is running it and 'charge' may have fired" in shown
+    assert "`durable-steps resolve live/l-1 --fired`" in shown
     rm = cli(durable_target, "rm", "live/l-1")
     assert rm.returncode == 4
     assert "in doubt" in one_error_line(rm)  # stopped, but its step may have fired

@@ -42,7 +42,7 @@ def _cmd_rm(args: argparse.Namespace, store: Store, style: Style) -> int:
             "(remove it with your storage's own tools if it is not needed)",
             EXIT_REFUSED,
         )
-    status = run_status(str(header.get("status")), header.get("owner"))
+    status = run_status(str(header.get("status")), header.get("owner"), header.get("intent"))
     intent = header.get("intent")
     if not args.force and status == "running":
         raise CommandError(

@@ -20,9 +20,9 @@ def _cmd_resolve(args: argparse.Namespace, store: Store, style: Style) -> int:
     header, _, _ = load(store, workflow, run_id)
     intent = header.intent
     if intent is None:
+        status = status_label(run_status(header.status, header.owner, intent))
         raise CommandError(
-            f"run {header.run} has no step in doubt (status "
-            f"{status_label(run_status(header.status, header.owner))}); nothing to resolve",
+            f"run {header.run} has no step in doubt (status {status}); nothing to resolve",
             EXIT_REFUSED,
         )
     _resolve.resolve(store, workflow, run_id, fired=args.fired, force=args.force)

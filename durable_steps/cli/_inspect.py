@@ -81,39 +81,76 @@ def state_text(state: Any, serializer: str) -> str:
     return clean(pprint.pformat(state, sort_dicts=False), newlines=True)
 
 
+def _on_rerun(policy: object) -> str:
+    """What a rerun does about an unresolved intent, by the step's ``in_doubt`` policy
+    (``intent["policy"]``; older checkpoints do not record it).
+    """
+    if policy == "refire":
+        return "a rerun fires it again with the same key (the service can drop a duplicate)"
+    if policy == "reconcile":
+        return (
+            "a rerun first asks the step's reconcile hook whether it went through, and fires "
+            "it again with the same key only if not"
+        )
+    if policy == "raise":
+        return "a rerun stops with StepInDoubt until you say what happened"
+    return (
+        "what a rerun does depends on the step's policy, which this checkpoint does not "
+        "record: in_doubt='refire' (the default) fires it again with the same key; a "
+        "reconcile hook is asked first whether it went through; in_doubt='raise' stops "
+        "with StepInDoubt until you say what happened"
+    )
+
+
+def _doubt(header: ckpt.Checkpoint, intent: dict[str, Any]) -> tuple[str, str]:
+    """``'step' may have fired (key K)``, and how to tell the run whether it did."""
+    step = header.steps[header.next_step] if header.next_step < len(header.steps) else "?"
+    resolve = (
+        "ask the service it calls whether that key went through, then "
+        f"`{PROG} resolve {header.run} --fired` (it did: the rerun skips the step) or "
+        "`--not-fired` (the rerun fires it again with the same key)"
+    )
+    return f"{intent.get('step', step)!r} may have fired (key {intent.get('key')})", resolve
+
+
+def _crashed_hint(header: ckpt.Checkpoint, intent: dict[str, Any], resume: str) -> str:
+    """The advice for a run nobody runs that has an intent, resolved or not."""
+    if intent.get("resolution") is not None:
+        return f"resolved as {intent['resolution']}; {resume} to continue"
+    doubt, resolve = _doubt(header, intent)
+    policy = intent.get("policy")
+    if policy == "raise":
+        return f"nobody is running it and {doubt}: {_on_rerun(policy)}: {resolve}"
+    step = header.steps[header.next_step]
+    return (
+        f"nobody is running it and {doubt}: {_on_rerun(policy)}. To decide yourself, "
+        f"{resolve}. Then {resume} to resume at step {step!r}"
+    )
+
+
 def next_hint(header: ckpt.Checkpoint) -> str:
     """What to do about a run, in one sentence (the ``next:`` line of ``show``)."""
     name = header.run
     step = header.steps[header.next_step] if header.next_step < len(header.steps) else "?"
     intent = header.intent or {}
-    pending = bool(intent) and intent.get("resolution") is None
-    doubt = f"{intent.get('step', step)!r} may have fired (key {intent.get('key')})"
+    doubt, resolve = _doubt(header, intent)
     if header.status == "completed":
         return f"nothing left to do; a rerun returns the final state. Delete: {PROG} rm {name}"
-    if header.status == "in_doubt":
-        return (
-            f"{doubt}: ask the service it calls whether that key went through, then "
-            f"`{PROG} resolve {name} --fired` (it did: the rerun skips the step) or "
-            "`--not-fired` (the rerun fires it again with the same key), and rerun the workflow"
-        )
+    if header.status == "in_doubt":  # the step's in_doubt="raise" policy stopped the run
+        return f"{doubt}: {resolve}, and rerun the workflow"
     if header.status == "failed":
+        pending = bool(intent) and intent.get("resolution") is None
         also = f"; {doubt}: if it did, `{PROG} resolve {name} --fired` first" if pending else ""
         return f"fix the cause, then rerun the workflow: it resumes at step {step!r}{also}"
     if is_live(header.owner):
         who = owner_text(header.owner, header.status)
         return f"it is being run by {who}: wait for it (`{PROG} show {name}` again to follow it)"
     resume = f"rerun the workflow or `{PROG} worker --app module:workflow`"
-    if intent and not pending:
-        return f"resolved as {intent['resolution']}; {resume} to continue"
-    also = (
-        f" ({doubt}: it re-fires with the same key; if it did fire, first "
-        f"`{PROG} resolve {name} --fired`)"
-        if pending
-        else ""
-    )
+    if intent:
+        return _crashed_hint(header, intent, resume)
     return (
         f"nobody is running it (it crashed, was killed or released): {resume} to resume "
-        f"at step {step!r}{also}; to discard it: {PROG} rm {name}{' --force' * bool(intent)}"
+        f"at step {step!r}; to discard it: {PROG} rm {name}"
     )
 
 
@@ -135,7 +172,7 @@ def describe(header: ckpt.Checkpoint, payload: bytes, size: int, style: Style) -
     else:
         step = header.steps[header.next_step] if header.next_step < n else "?"
         where = f"next step {step!r} ({header.next_step + 1} of {n}), iteration {header.iteration}"
-    status = run_status(header.status, header.owner)
+    status = run_status(header.status, header.owner, header.intent)
     lines = [f"{style.bold(clean(header.run))}  {style.status(status)}"]
     lines += _fields(
         [
@@ -159,6 +196,7 @@ def describe(header: ckpt.Checkpoint, payload: bytes, size: int, style: Style) -
                 ("step", f"{intent.get('step')} (iteration {intent.get('iteration')})"),
                 ("idempotency key", str(intent.get("key"))),
                 ("written", timestamp(float(intent.get("at", 0)), now)),
+                ("policy", str(intent.get("policy") or "not recorded (an older checkpoint)")),
                 ("resolution", resolution),
             ],
             style,
@@ -300,7 +338,9 @@ def register(command: Callable[..., Any]) -> None:
         "List runs, one per line: workflow, run id, status, the next step to run (or "
         "'done'), iteration, time since the last checkpoint, size. Statuses: running (a "
         "live process owns it), stopped (nobody runs it: crashed, killed or released), "
-        "failed, in-doubt, completed; 'corrupt' for a checkpoint that cannot be read.",
+        "failed, in-doubt (a non-idempotent step may have fired: its policy stopped the run, "
+        "or the run crashed with the step's intent pending), completed; 'corrupt' for a "
+        "checkpoint that cannot be read.",
     )
     ls.add_argument("--workflow", "-w", type=workflow_name, help="only runs of this workflow")
     ls.add_argument(

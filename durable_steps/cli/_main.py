@@ -26,7 +26,8 @@ statuses:
   stopped    nobody is running it: it crashed, was killed or released -- rerun
              the workflow or start a worker to resume it
   failed     a step raised and used up its retries
-  in-doubt   a non-idempotent step may have fired before a crash: decide with `resolve`
+  in-doubt   a non-idempotent step may have fired before a crash (its intent is
+             pending): `show` says what a rerun does; decide with `resolve`
   completed  finished; the checkpoint holds the final state
   corrupt    (ls only) the checkpoint cannot be read; `show` says why
 

@@ -1,8 +1,10 @@
 """Finding runs in a store and reading one: what every command looks at first.
 
 A ``running`` run no live process owns (``_lease.is_live``) is shown as
-``stopped``. One that crashed in a process still alive looks owned to other
-processes until its lease ends: only its own process knows that it is over.
+``stopped`` -- or ``in_doubt`` when it holds an unresolved intent: its
+non-idempotent step may have fired before the crash. One that crashed in a
+process still alive looks owned to other processes until its lease ends:
+only its own process knows that it is over.
 """
 
 from __future__ import annotations
@@ -69,7 +71,7 @@ class RunInfo:
             if raw is None:
                 problem = f"{key!r} holds the checkpoint of another run ({header.run})"
             else:
-                status = run_status(header.status, header.owner)
+                status = run_status(header.status, header.owner, header.intent)
         except CorruptCheckpoint as exc:
             problem = exc.message
         return cls(workflow, run_id, key, len(data), raw, status, problem, version)
@@ -127,9 +129,14 @@ def locate(store: Store, ref: tuple[str | None, str]) -> tuple[str, str]:
     return workflows[0], run_id
 
 
-def run_status(status: str, owner: dict[str, Any] | None) -> str:
-    """The status to show: a ``running`` run no live process owns is ``stopped``."""
-    return "stopped" if status == "running" and not is_live(owner) else status
+def run_status(status: str, owner: dict[str, Any] | None, intent: object) -> str:
+    """The status to show: a ``running`` run no live process owns is ``stopped``,
+    or ``in_doubt`` if its ``intent`` is unresolved (the step may have fired).
+    """
+    if status != "running" or is_live(owner):
+        return status
+    pending = isinstance(intent, dict) and intent.get("resolution") is None
+    return "in_doubt" if pending else "stopped"
 
 
 def owner_text(owner: dict[str, Any] | None, status: str) -> str:
