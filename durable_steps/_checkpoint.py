@@ -94,8 +94,8 @@ __all__ = [
 
 FORMAT = 1
 HISTORY_LIMIT = 10
-Status = Literal["running", "failed", "in_doubt", "completed"]
-_STATUSES = ("running", "failed", "in_doubt", "completed")
+Status = Literal["running", "failed", "in_doubt", "completed", "deleted"]
+_STATUSES = ("running", "failed", "in_doubt", "completed", "deleted")
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._@=+:-]{0,199}")
 CHECKPOINT_OBJECT = "checkpoint"
 
@@ -317,7 +317,8 @@ def _field_problem(h: Checkpoint) -> str | None:  # noqa: PLR0911 - a return per
         value = getattr(h, name)
         if not _is_int(value) or value < 0:
             return f"{name} is {value!r}, not a count"
-    if h.next_step > len(h.steps) or (h.next_step == len(h.steps) and h.status != "completed"):
+    done = h.status in ("completed", "deleted")
+    if h.next_step > len(h.steps) or (h.next_step == len(h.steps) and not done):
         return f"next_step {h.next_step} is past the {len(h.steps)} steps"
     for name in ("created_at", "updated_at"):
         value = getattr(h, name)

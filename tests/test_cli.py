@@ -637,6 +637,81 @@ def test_prune_failed_keeps_runs_with_a_pending_intent(runs: Runs) -> None:
     assert runs.exists("pay/done-1/checkpoint")
 
 
+# -- tombstones ---------------------------------------------------------------------
+
+
+def put_tombstone(store: ds.Store, workflow: str, run_id: str, completed_at: float) -> None:
+    """What on_complete="delete" leaves of a completed run: status deleted, no state."""
+    steps = ("prepare", "charge", "receipt")
+    header = ckpt.Checkpoint(
+        workflow,
+        run_id,
+        steps,
+        "json",
+        status="deleted",
+        next_step=len(steps),
+        committed=3,
+        created_at=completed_at - 60,
+        updated_at=completed_at,
+    )
+    store.put(ckpt.checkpoint_key(workflow, run_id), ckpt.encode(header, b""))
+
+
+@pytest.mark.parametrize("durable_target", LOCAL_AND_MOTO, indirect=True)
+def test_tombstones_are_listed_explained_removed_and_pruned(runs: Runs) -> None:
+    """A tombstone lists as deleted, show explains it, rm removes it without --force, and
+    prune --completed removes the ones older than --older-than.
+    """
+    now = time.time()
+    put_tombstone(runs.store, "pay", "gone-old", now - 3 * 86400)
+    put_tombstone(runs.store, "pay", "gone-new", now)
+    table = rows(cli(runs.target, "ls").stdout)
+    assert table["pay/gone-old"][:3] == ["deleted", "done", "0"]
+    assert table["pay/gone-new"][:3] == ["deleted", "done", "0"]
+    listed = cli(runs.target, "ls", "--status", "deleted")
+    assert sorted(rows(listed.stdout)) == ["pay/gone-new", "pay/gone-old"]
+    entries = json.loads(cli(runs.target, "ls", "-s", "deleted", "--json").stdout)
+    assert {(e["status"], e["next_step"]) for e in entries} == {("deleted", None)}
+
+    shown = cli(runs.target, "show", "pay/gone-old", "--state")
+    assert shown.returncode == 0, shown.stderr
+    out = shown.stdout
+    assert out.startswith("pay/gone-old  deleted")
+    assert "finished in iteration 0" in out
+    assert "a tombstone: the state was deleted when the run completed" in out
+    when = time.strftime("%Y-%m-%d %H:%M", time.localtime(now - 3 * 86400))
+    assert f"next: completed and its state deleted at {when}" in out
+    assert "a rerun of this id returns None and runs nothing" in out
+    assert "`durable-steps rm pay/gone-old` frees the id for a new run" in out
+    assert "state\nnone: deleted when the run completed" in out
+    doc = json.loads(cli(runs.target, "show", "pay/gone-old", "--json", "--state").stdout)
+    assert (doc["header"]["status"], doc["header"]["size"], doc["state"]) == ("deleted", 0, None)
+    nothing = cli(runs.target, "resolve", "pay/gone-old", "--fired")
+    assert nothing.returncode == 4
+    assert "(status deleted); nothing to resolve" in one_error_line(nothing)
+
+    dry = cli(runs.target, "prune", "--completed", "--older-than", "1d")
+    assert dry.returncode == 0, dry.stderr
+    assert [line.split()[:3] for line in dry.stdout.splitlines()[2:-1]] == [
+        ["pay", "gone-old", "deleted"]
+    ]
+    pruned = cli(runs.target, "prune", "--completed", "--older-than", "1d", "--yes")
+    assert pruned.returncode == 0, pruned.stderr
+    assert pruned.stdout.splitlines()[0].startswith("deleted pay/gone-old (deleted")
+    assert not runs.exists("pay/gone-old/checkpoint")
+    assert runs.exists("pay/gone-new/checkpoint")  # younger than a day
+    assert runs.exists("pay/done-1/checkpoint")
+    failed_only = cli(runs.target, "prune", "--failed", "--older-than", "0s", "--yes")
+    assert "gone-new" not in failed_only.stdout  # a tombstone is a completed run's
+    assert runs.exists("pay/gone-new/checkpoint")
+
+    removed = cli(runs.target, "rm", "pay/gone-new")  # no --force: nothing is lost
+    assert removed.returncode == 0, removed.stderr
+    assert "deleted the tombstone of pay/gone-new" in removed.stdout
+    assert "the id is free for a new run" in removed.stdout
+    assert not runs.exists("pay/gone-new/checkpoint")
+
+
 # -- errors, usage, configuration --------------------------------------------
 
 

@@ -58,12 +58,19 @@ def _cmd_rm(args: argparse.Namespace, store: Store, style: Style) -> int:
             EXIT_REFUSED,
         )
     store.delete(key, match=found[1])  # refused if the run changed since we looked
-    echo(f"deleted {name} ({status_label(status)}, {human_size(len(found[0]))})")
+    size = human_size(len(found[0]))
+    if status == "deleted":
+        echo(f"deleted the tombstone of {name} ({size}): the id is free for a new run")
+    else:
+        echo(f"deleted {name} ({status_label(status)}, {size})")
     return EXIT_OK
 
 
 def _cmd_prune(args: argparse.Namespace, store: Store, style: Style) -> int:
+    # A tombstone is what is left of a completed run (on_complete="delete").
     wanted = {s for s, on in (("completed", args.completed), ("failed", args.failed)) if on}
+    if args.completed:
+        wanted.add("deleted")
     if not wanted:
         raise CommandError("say what to prune: --completed and/or --failed", EXIT_USAGE)
     now, kept = time.time(), 0
@@ -128,12 +135,15 @@ def register(command: Callable[..., Any]) -> None:
         "prune",
         _cmd_prune,
         "delete old completed (or failed) runs; dry run unless --yes",
-        "Delete the checkpoints of completed (--completed) and/or failed (--failed) runs "
+        "Delete the checkpoints of completed (--completed: also the tombstones of runs "
+        "whose state was deleted on completion) and/or failed (--failed) runs "
         "whose last checkpoint is older than --older-than. Lists them without deleting "
         "unless --yes. Runs with a pending intent and objects that are not durable_steps "
         "checkpoints are never deleted.",
     )
-    prune.add_argument("--completed", action="store_true", help="prune completed runs")
+    prune.add_argument(
+        "--completed", action="store_true", help="prune completed runs and tombstones"
+    )
     prune.add_argument("--failed", action="store_true", help="prune failed runs")
     prune.add_argument(
         "--older-than",

@@ -155,6 +155,7 @@ _ANSI_COLORS = ("black", "red", "green", "yellow", "blue", "magenta", "cyan", "w
 _CODES = {"bold": "1", "dim": "2"} | {name: str(30 + i) for i, name in enumerate(_ANSI_COLORS)}
 _STATUS_COLORS = {
     "completed": "green",
+    "deleted": "blue",
     "failed": "red",
     "in_doubt": "yellow",
     "running": "cyan",

@@ -43,12 +43,13 @@ from ._runs import RunInfo, find_runs, load, locate, owner_text, peek_header, ru
 __all__ = ["describe", "next_hint", "register", "summary"]
 
 _SIGNED = "+hmac-sha256"
+_FINISHED = ("completed", "deleted")  # "deleted": a tombstone, see _cleanup
 
 
 def _next_step(header: dict[str, Any]) -> str | None:
     """The name of the step an unfinished run resumes at (``None``: done or unknown)."""
     steps, index = header.get("steps") or [], header.get("next_step")
-    if header.get("status") == "completed" or not isinstance(index, int):
+    if header.get("status") in _FINISHED or not isinstance(index, int):
         return None
     return str(steps[index]) if 0 <= index < len(steps) else None
 
@@ -59,7 +60,7 @@ def ls_row(run: RunInfo, now: float) -> list[str]:
     step, updated = _next_step(h), h.get("updated_at")
     if run.problem is not None:
         where = "?"
-    elif run.status == "completed":
+    elif run.status in _FINISHED:
         where = "done"
     else:
         where = f"{step} ({h['next_step'] + 1}/{len(h['steps'])})" if step else "?"
@@ -128,14 +129,26 @@ def _crashed_hint(header: ckpt.Checkpoint, intent: dict[str, Any], resume: str) 
     )
 
 
+def _finished_hint(header: ckpt.Checkpoint) -> str:
+    """The advice for a completed run, or the tombstone of one."""
+    if header.status == "completed":
+        return (
+            f"nothing left to do; a rerun returns the final state. Delete: {PROG} rm {header.run}"
+        )
+    return (
+        f"completed and its state deleted at {timestamp(header.updated_at)}; a rerun of this "
+        f"id returns None and runs nothing; `{PROG} rm {header.run}` frees the id for a new run"
+    )
+
+
 def next_hint(header: ckpt.Checkpoint) -> str:
     """What to do about a run, in one sentence (the ``next:`` line of ``show``)."""
     name = header.run
     step = header.steps[header.next_step] if header.next_step < len(header.steps) else "?"
     intent = header.intent or {}
     doubt, resolve = _doubt(header, intent)
-    if header.status == "completed":
-        return f"nothing left to do; a rerun returns the final state. Delete: {PROG} rm {name}"
+    if header.status in _FINISHED:
+        return _finished_hint(header)
     if header.status == "in_doubt":  # the step's in_doubt="raise" policy stopped the run
         return f"{doubt}: {resolve}, and rerun the workflow"
     if header.status == "failed":
@@ -164,10 +177,16 @@ def _fields(pairs: list[tuple[str, str]], style: Style, red: str = "") -> list[s
     return lines
 
 
+def _state_size(header: ckpt.Checkpoint, payload: bytes) -> str:
+    if header.status == "deleted":
+        return "a tombstone: the state was deleted when the run completed"
+    return f"{human_size(len(payload))} of state"
+
+
 def describe(header: ckpt.Checkpoint, payload: bytes, size: int, style: Style) -> list[str]:
     now = time.time()
     n = len(header.steps)
-    if header.status == "completed":
+    if header.status in _FINISHED:
         where = f"finished in iteration {header.iteration}"
     else:
         step = header.steps[header.next_step] if header.next_step < n else "?"
@@ -176,12 +195,12 @@ def describe(header: ckpt.Checkpoint, payload: bytes, size: int, style: Style) -
     lines = [f"{style.bold(clean(header.run))}  {style.status(status)}"]
     lines += _fields(
         [
-            ("position" if status in ("running", "completed") else "stopped at", where),
+            ("position" if status in ("running", *_FINISHED) else "stopped at", where),
             ("owner", owner_text(header.owner, header.status)),
             ("committed", f"{header.committed} step commit{'s' * (header.committed != 1)}"),
             ("steps", " -> ".join(header.steps)),
             ("serializer", header.serializer),
-            ("size", f"{human_size(size)} ({human_size(len(payload))} of state)"),
+            ("size", f"{human_size(size)} ({_state_size(header, payload)})"),
             ("created", timestamp(header.created_at, now)),
             ("updated", timestamp(header.updated_at, now)),
         ],
@@ -314,7 +333,10 @@ def _cmd_ls(args: argparse.Namespace, store: Store, style: Style) -> int:
 
 def _cmd_show(args: argparse.Namespace, store: Store, style: Style) -> int:
     header, payload, data = load(store, *locate(store, args.run))
-    state = _decode_state(header, payload, args.unsafe_unpickle) if args.state else None
+    gone = header.status == "deleted"  # a tombstone has no state to decode
+    state = (
+        _decode_state(header, payload, args.unsafe_unpickle) if args.state and not gone else None
+    )
     if args.json:
         raw = peek_header(data, header.workflow, header.run_id)
         doc: dict[str, Any] = {"run": header.run, "size": len(data), "header": raw}
@@ -324,7 +346,8 @@ def _cmd_show(args: argparse.Namespace, store: Store, style: Style) -> int:
         return EXIT_OK
     lines = describe(header, payload, len(data), style)
     if args.state:
-        lines += ["", style.bold("state"), state_text(state, header.serializer)]
+        text = "none: deleted when the run completed" if gone else None
+        lines += ["", style.bold("state"), text or state_text(state, header.serializer)]
     print("\n".join(lines))
     return EXIT_OK
 
@@ -339,15 +362,16 @@ def register(command: Callable[..., Any]) -> None:
         "'done'), iteration, time since the last checkpoint, size. Statuses: running (a "
         "live process owns it), stopped (nobody runs it: crashed, killed or released), "
         "failed, in-doubt (a non-idempotent step may have fired: its policy stopped the run, "
-        "or the run crashed with the step's intent pending), completed; 'corrupt' for a "
-        "checkpoint that cannot be read.",
+        "or the run crashed with the step's intent pending), completed, deleted (completed "
+        "with on_complete='delete': only a tombstone is left); 'corrupt' for a checkpoint "
+        "that cannot be read.",
     )
     ls.add_argument("--workflow", "-w", type=workflow_name, help="only runs of this workflow")
     ls.add_argument(
         "--status",
         "-s",
         type=lambda s: s.replace("_", "-"),
-        choices=("running", "stopped", "completed", "failed", "in-doubt", "corrupt"),
+        choices=("running", "stopped", "completed", "deleted", "failed", "in-doubt", "corrupt"),
         help="only runs with this status",
     )
     ls.add_argument("--json", action="store_true", help="a JSON array, for machines")

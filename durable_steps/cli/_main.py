@@ -29,6 +29,8 @@ statuses:
   in-doubt   a non-idempotent step may have fired before a crash (its intent is
              pending): `show` says what a rerun does; decide with `resolve`
   completed  finished; the checkpoint holds the final state
+  deleted    finished with on_complete="delete": only a tombstone is left (a rerun
+             returns None and runs nothing); `rm` frees the id for a new run
   corrupt    (ls only) the checkpoint cannot be read; `show` says why
 
 find a stopped run and see why:
