@@ -853,7 +853,8 @@ def test_ls_age_and_size_are_human(runs: Runs) -> None:
 
 # -- stored text never reaches the terminal raw ---------------------------------
 
-HOSTILE = "x\x1b[2J\x9b31m\rgotcha\x07\x7f\x00"  # clear screen, 8-bit CSI, CR, BEL, DEL, NUL
+# Clear screen, 8-bit CSI, CR, BEL, DEL, NUL, and a lone surrogate (which cannot be encoded).
+HOSTILE = "x\x1b[2J\x9b31m\rgotcha\x07\x7f\x00\ud800"
 RAW_CONTROL = re.compile("[\x00-\x09\x0b-\x1f\x7f-\x9f]")  # every control but the newline
 
 
@@ -917,7 +918,7 @@ def test_stored_control_characters_are_escaped_in_human_output(
         assert not RAW_CONTROL.search(text), (what, text)
     assert [outputs[w].returncode for w in outputs] == [0, 0, 0, 1, 4, 4, 4, 0, 0, 0, 0]
 
-    escaped = r"x\x1b[2J\x9b31m\rgotcha\x07\x7f\x00"
+    escaped = r"x\x1b[2J\x9b31m\rgotcha\x07\x7f\x00\ud800"
     show = _strip_ansi(outputs["show"].stdout)
     assert f"elsewhere{escaped}:7 (lease ends in" in show
     assert f"E{escaped}: {escaped}" in show
