@@ -238,4 +238,11 @@ def store_skew(store: Store) -> float | None:
         skew = measure()
     except Exception:  # a wrapper's broken method must not stop a run
         return None
-    return float(skew) if isinstance(skew, (int, float)) else None
+    if not isinstance(skew, (int, float)) or isinstance(skew, bool):
+        return None
+    # A Date header has whole seconds: a measured skew this small is noise,
+    # and taking it for real would blur every lease by as much.
+    return 0.0 if abs(skew) < _SKEW_NOISE else float(skew)
+
+
+_SKEW_NOISE = 2.0
