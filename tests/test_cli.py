@@ -932,8 +932,8 @@ def test_stored_control_characters_are_escaped_in_human_output(
     assert f"(evil/other{one_line})" in one_error_line(outputs["show-other"])
     assert f"elsewhere{one_line}" in one_error_line(outputs["rm-live"])
     assert f"elsewhere{one_line}" in one_error_line(outputs["resolve-live"])
-    assert f"ds-{one_line}" in one_error_line(outputs["rm-doubt"])
-    assert f"key ds-{escaped}" in outputs["resolve"].stdout
+    assert f"charge{escaped}" in one_error_line(outputs["rm-doubt"])
+    assert f"step 'charge{escaped}'" in outputs["resolve"].stdout
     assert r"deleted evil/bad-1 (\x1b[2J" in outputs["rm-bad"].stdout
     assert r"w\x1b[2J  r\r\x9b" in outputs["ls"].stdout
     assert r"deleted w\x1b[2J/r\r\x9b (completed" in outputs["prune"].stdout
