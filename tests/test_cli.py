@@ -945,7 +945,7 @@ def test_stored_control_characters_are_escaped_in_human_output(
         doc = json.loads(proc.stdout)
         header = doc["header"] if args[0] == "show" else doc[0]
         assert header["error"]["message"] == HOSTILE
-        assert header["intent"]["key"] == f"ds-{HOSTILE}"
+        assert header["intent"]["step"] == f"charge{HOSTILE}"
     doc = json.loads(cli(durable_target, "show", "evil/live-1", "--json", "--state").stdout)
     assert doc["header"]["owner"]["host"] == f"elsewhere{HOSTILE}"
     assert doc["state"] == {"note": HOSTILE, "multi": "a\nb"}
