@@ -187,7 +187,7 @@ class Step(Generic[P, R]):
             return None
         old, new = type(state), type(result)
         if not (issubclass(new, old) or (new is not object and issubclass(old, new))):
-            problem = f"returned a {new.__name__}, but the state is a {old.__name__}"
+            problem = f"returned {_a(new)}, but the state is {_a(old)}"
         elif isinstance(state, dict) and isinstance(result, dict):
             missing = [key for key in state if key not in result]
             if not missing:
@@ -207,6 +207,11 @@ class Step(Generic[P, R]):
     def __repr__(self) -> str:
         kind = "idempotent" if self.idempotent else "non-idempotent"
         return f"<Step {self.name!r} ({kind})>"
+
+
+def _a(kind: type) -> str:
+    """``a dict``, ``an int``: a type's name for a message."""
+    return f"{'an' if kind.__name__[:1].lower() in 'aeiou' else 'a'} {kind.__name__}"
 
 
 SHAPES = "fn(state) or fn(state, ctx)"

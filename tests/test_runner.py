@@ -813,7 +813,7 @@ def test_bad_definitions_fail_when_decorated() -> None:
             in_doubt="raise",
             reconcile=lambda s, c: True,
         )
-    with pytest.raises(ds.DefinitionError, match=r"\(state\) or \(state, ctx\)"):
+    with pytest.raises(ds.DefinitionError, match=r"fn\(state\) or fn\(state, ctx\)"):
         ds.step(lambda a, b, c: None, name="three")
     with pytest.raises(ds.DefinitionError, match="pass name="):
         ds.step(lambda s: None)
