@@ -32,9 +32,12 @@ from .stores import LocalStore, MemoryStore, ObjectInfo, Store, open_store
 from .worker import Worker, WorkerReport
 
 if TYPE_CHECKING:
+    from .stores.azure import AzureBlobStore
+    from .stores.gcs import GCSStore
     from .stores.s3 import S3Store
 
 __all__ = [
+    "AzureBlobStore",
     "CheckpointConflict",
     "ConditionalWritesUnsupported",
     "Context",
@@ -42,6 +45,7 @@ __all__ = [
     "DefinitionError",
     "DurableStepsError",
     "Event",
+    "GCSStore",
     "JSONSerializer",
     "LocalStore",
     "MemoryStore",
@@ -71,9 +75,10 @@ __all__ = [
 
 
 def __getattr__(name: str) -> Any:
-    # boto3 takes a while to import; load it only when S3 is used.
-    if name == "S3Store":
-        from .stores.s3 import S3Store
+    # The cloud SDKs take a while to import (and GCS's and Azure's are
+    # optional extras): load one only when its store is used.
+    if name in ("S3Store", "GCSStore", "AzureBlobStore"):
+        from . import stores
 
-        return S3Store
+        return getattr(stores, name)
     raise AttributeError(f"module 'durable_steps' has no attribute {name!r}")

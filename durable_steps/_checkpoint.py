@@ -11,10 +11,11 @@ readable with ``tail -n +2``; a pickle state is not mangled by base64). The
 header says how to read the payload and where the run stands:
 
 ``format``
-    1. A reader refuses a higher number (``CorruptCheckpoint``: written by a
-    newer durable_steps) instead of guessing. A later incremental format
-    (message histories written as deltas) gets format 2 and is read beside
-    this one.
+    1, an int. A reader refuses a higher number (``CorruptCheckpoint``:
+    written by a newer durable_steps) instead of guessing, and anything else
+    (``0``, ``-5``: not a valid format; ``"1"``, ``1.0``, ``true``: a
+    malformed header). A later incremental format (message histories written
+    as deltas) gets format 2 and is read beside this one.
 ``workflow``, ``run_id``
     The run's identity, checked against the key it was read from.
 ``run_nonce``
@@ -30,16 +31,22 @@ header says how to read the payload and where the run stands:
 ``status``
     ``running``, ``failed`` (a step used up its retries; see ``error``),
     ``in_doubt`` (a step with ``in_doubt="raise"`` stopped the run; see
-    ``intent``) or ``completed`` (the terminal marker: the payload is the
-    final state and a rerun runs nothing).
+    ``intent``), ``completed`` (the terminal marker: the payload is the
+    final state and a rerun runs nothing) or ``deleted`` (a *tombstone*: the
+    run completed under ``on_complete="delete"``, its state is gone and the
+    payload is empty; a rerun runs nothing and returns ``None``, and a late
+    create-only write of the run can never land over it).
 ``iteration``, ``next_step``
     The cursor: steps ``[0, next_step)`` of pass ``iteration`` (0-based) are
     committed, and the payload is the state after them.
 ``intent``
     ``null``, or the non-idempotent step that may be firing:
-    ``{"step", "index", "iteration", "key", "at"}``. Written (with the
-    unchanged payload) *before* the step fires; cleared by its commit. An
-    intent found on resume means the step may have fired.
+    ``{"step", "index", "iteration", "key", "at", "policy"}``, optionally
+    ``"resolution"`` (``fired``/``not_fired``, from ``resolve``). ``policy`` is
+    the step's in-doubt policy (``refire``, ``raise`` or ``reconcile``), so
+    tools can say what a resume will do. Written (with the unchanged payload)
+    *before* the step fires, also before every re-fire; cleared by its
+    commit. An intent found on resume means the step may have fired.
 ``error``
     ``null``, or the last failure: ``{"step", "iteration", "type",
     "message", "attempts", "at"}``. Cleared by the next commit.
@@ -52,7 +59,10 @@ header says how to read the payload and where the run stands:
     How many step commits the run has made in all.
 ``owner``
     ``null``, or the process running the run and its lease:
-    ``{"host", "pid", "started", "token", "until"}`` (see ``_lease``). Set by
+    ``{"host", "pid", "started", "token", "until"}``, optionally ``"lease"``
+    (seconds, > 0), ``"skew"`` (a number or null), ``"boot"`` (str) and
+    ``"pidns"`` (int) (see ``_lease``). ``pid`` is a positive int below
+    2**22 (Linux's ceiling for pid_max) and the times are finite. Set by
     every write of a running run; cleared when the run completes, fails,
     stops in doubt or is released.
 ``created_at``, ``updated_at``
@@ -60,6 +70,22 @@ header says how to read the payload and where the run stands:
 ``size``, ``crc32``
     Length and CRC-32 of the payload: a truncated or damaged object is
     detected before anything is decoded.
+``sig``
+    Only with a signing key, and always the line's last field: the hex
+    HMAC-SHA256 of the header line as written without it, bound to the
+    payload (see :meth:`SignedSerializer.seal`). A reader with the key
+    refuses a checkpoint without it, or whose tag does not verify, before it
+    trusts any field.
+
+What a reader refuses. :func:`decode` raises :class:`CorruptCheckpoint`,
+and never another exception, for any bytes that are not such a record: no
+header line, a header line that is not a JSON object or is nested deeper
+than a header is (a line nested 100,000 deep would otherwise raise
+``RecursionError`` in the JSON parser), a missing field (every field above
+is written every time, so none is defaulted: a regenerated ``run_nonce``
+would change the idempotency keys of a step in flight), an unknown field,
+a field of the wrong type or range (a pid of 2**40, a NaN time, an unknown
+status or intent policy), or a payload whose size or CRC-32 differs.
 
 The header is compact and small (well under a kilobyte), so writing it next
 to the payload costs about nothing; the payload itself is encoded once per
@@ -70,14 +96,17 @@ non-idempotent step.
 from __future__ import annotations
 
 import hashlib
+import hmac
 import json
 import math
 import re
+import reprlib
 import secrets
 import time
 import zlib
-from dataclasses import dataclass, field
-from typing import Any, Literal
+from collections.abc import Callable
+from dataclasses import dataclass, field, fields
+from typing import Any, Literal, Protocol, TypeGuard
 
 from .errors import CorruptCheckpoint, DefinitionError
 
@@ -85,6 +114,7 @@ __all__ = [
     "FORMAT",
     "HISTORY_LIMIT",
     "Checkpoint",
+    "Signer",
     "checkpoint_key",
     "decode",
     "encode",
@@ -94,8 +124,8 @@ __all__ = [
 
 FORMAT = 1
 HISTORY_LIMIT = 10
-Status = Literal["running", "failed", "in_doubt", "completed"]
-_STATUSES = ("running", "failed", "in_doubt", "completed")
+Status = Literal["running", "failed", "in_doubt", "completed", "deleted"]
+_STATUSES = ("running", "failed", "in_doubt", "completed", "deleted")
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._@=+:-]{0,199}")
 CHECKPOINT_OBJECT = "checkpoint"
 
@@ -210,12 +240,65 @@ class Checkpoint:
         )
 
 
-def encode(header: Checkpoint, payload: bytes) -> bytes:
-    """Serialize ``header`` and ``payload`` into the stored bytes."""
+class Signer(Protocol):
+    """What signs a checkpoint (:class:`~durable_steps.SignedSerializer` does)."""
+
+    def seal(self, header: bytes, payload: bytes) -> str:
+        """The hex tag that binds the header line ``header`` to ``payload``."""
+        ...
+
+
+def encode(header: Checkpoint, payload: bytes, signer: Signer | None = None) -> bytes:
+    """Serialize ``header`` and ``payload`` into the stored bytes.
+
+    With a ``signer`` the header line ends in a ``"sig"`` field: a tag over
+    the line written without it, and over the payload (see ``seal``). It is
+    appended as the line's last field so a reader recovers the signed bytes
+    exactly by cutting it off, with no canonical re-encoding.
+    """
     # vars(), not dataclasses.asdict(): the fields are already JSON-ready and
     # asdict's deep copy costs more than the rest of the header together.
     record = {"format": FORMAT, **vars(header), "size": len(payload), "crc32": zlib.crc32(payload)}
-    return _HEADER_JSON.encode(record).encode() + b"\n" + payload
+    line = _HEADER_JSON.encode(record).encode()
+    if signer is not None:
+        line = b'%s,"sig":"%s"}' % (line[:-1], signer.seal(line, payload).encode())
+    return line + b"\n" + payload
+
+
+_SIG_TAIL = re.compile(rb',"sig":"([0-9a-f]{64})"\}\Z')
+
+
+def _unseal(data: bytes, signer: Signer | None, where: str, run: str | None) -> None:
+    """Check a signed checkpoint's tag before anything in it is trusted.
+
+    Guarantee 10: with a signing key, the header (status, cursor, nonce,
+    intent, owner) is authenticated together with the payload, and the run
+    it names is checked against the key it was read from by the caller, so
+    an edited header or a payload moved from another run is refused unread.
+    """
+    if signer is None:
+        return
+    newline = data.find(b"\n")
+    line = data[:newline] if newline >= 0 else data
+    offset = max(len(line) - 80, 0)  # the tag is the line's last field: look there only
+    found = _SIG_TAIL.search(line, offset)
+    if found is None:
+        raise CorruptCheckpoint(
+            f"{where} is not signed, but a signing key is set, so it is refused unread: "
+            "anyone who can write the store could have written it (or it was signed by "
+            "durable_steps 0.1, whose signature covered the state only). Resume it without "
+            "the key only if you trust every writer of the store; it was left untouched.",
+            run=run,
+        )
+    body = line[: found.start()] + b"}"
+    payload = data[newline + 1 :] if newline >= 0 else b""
+    if not hmac.compare_digest(found.group(1).decode(), signer.seal(body, payload)):
+        raise CorruptCheckpoint(
+            f"{where}: its signature does not verify: the checkpoint was changed by someone "
+            "without the signing key (or signed with another key, or moved from another "
+            "run). It was refused unread and left untouched.",
+            run=run,
+        )
 
 
 # One encoder for every header: json.dumps() with options builds a new
@@ -227,28 +310,57 @@ def split_header(data: bytes) -> tuple[dict[str, Any], bytes] | None:
     """``(header record, payload)`` if the first line is a header, else None.
 
     Only the header line is parsed and nothing is checked beyond its being a
-    JSON object with a ``format``: :func:`decode` checks the rest, and the
-    command line uses this alone to recognise a checkpoint whose payload may
-    be damaged.
+    JSON object with a ``format``, nested no deeper than a header is: :func:`decode`
+    checks the rest, and the command line uses this alone to recognise a
+    checkpoint whose payload may be damaged. Never raises: a line nested too
+    deep for the JSON parser (RecursionError) is not a header either.
     """
     newline = data.find(b"\n")
-    try:
-        record = json.loads(data[:newline]) if newline >= 0 else None
-    except ValueError:
+    if newline < 0:
         return None
-    if not isinstance(record, dict) or "format" not in record:
+    try:
+        record = json.loads(data[:newline])
+    except (ValueError, RecursionError):  # UnicodeDecodeError is a ValueError
+        return None
+    if not isinstance(record, dict) or "format" not in record or _deeper_than(record, 8):
         return None
     return record, data[newline + 1 :]
 
 
-def decode(data: bytes, *, where: str, run: str | None = None) -> tuple[Checkpoint, bytes]:
+def _deeper_than(value: object, limit: int) -> bool:
+    """Whether JSON ``value`` nests more than ``limit`` containers deep (a
+    header nests 3: ``history``'s entries); walked without recursion.
+    """
+    stack: list[tuple[object, int]] = [(value, 1)]
+    while stack:
+        node, depth = stack.pop()
+        children = (
+            node.values() if isinstance(node, dict) else node if isinstance(node, list) else ()
+        )
+        for child in children:
+            if isinstance(child, (dict, list)):
+                if depth >= limit:
+                    return True
+                stack.append((child, depth + 1))
+    return False
+
+
+_REQUIRED = (*(f.name for f in fields(Checkpoint)), "size", "crc32")
+"""Every field the writer writes: a missing one is refused, never defaulted
+(a regenerated ``run_nonce`` would change every idempotency key)."""
+
+
+def decode(
+    data: bytes, *, where: str, run: str | None = None, signer: Signer | None = None
+) -> tuple[Checkpoint, bytes]:
     """Parse stored bytes into ``(header, payload)``.
 
     ``where`` names the object in error messages and ``run`` goes into the
-    error's ``run`` field. Raises
-    :class:`CorruptCheckpoint` for anything that is not a complete checkpoint
-    of a format this version can read.
+    error's ``run`` field. Raises :class:`CorruptCheckpoint`, and nothing
+    else, for anything that is not a complete checkpoint of a format this
+    version can read, or, with a ``signer``, that is not signed by its key.
     """
+    _unseal(data, signer, where, run)
     split = split_header(data)
     if split is None:
         raise CorruptCheckpoint(
@@ -257,34 +369,37 @@ def decode(data: bytes, *, where: str, run: str | None = None) -> tuple[Checkpoi
             run=run,
         )
     record, payload = split
+    record.pop("sig", None)  # checked above when a key is set; ignored otherwise
     version = record.pop("format")
-    if not isinstance(version, int) or version > FORMAT:
+    if _is_int(version) and version > FORMAT:
         raise CorruptCheckpoint(
-            f"{where} has checkpoint format {version!r}, newer than this durable_steps "
+            f"{where} has checkpoint format {version}, newer than this durable_steps "
             f"reads (format {FORMAT}). Upgrade durable_steps to resume it; it was left untouched.",
             run=run,
         )
-    size, crc = record.pop("size", None), record.pop("crc32", None)
-    if size != len(payload) or crc != zlib.crc32(payload):
+    problem = _format_problem(version) or _presence_problem(record)
+    if problem:
         raise CorruptCheckpoint(
-            f"{where} is truncated or damaged: its header promises {size} bytes of state "
-            f"(crc32 {crc}), the object holds {len(payload)}. It was left untouched; "
-            "restore it from a backup or delete the run to start over.",
+            f"{where} has a malformed header: {problem}; left untouched.", run=run
+        )
+    size, crc = record.pop("size"), record.pop("crc32")
+    if not (_is_int(size) and _is_int(crc)) or (size, crc) != (len(payload), zlib.crc32(payload)):
+        raise CorruptCheckpoint(
+            f"{where} is truncated or damaged: its header promises {_show(size)} bytes of "
+            f"state (crc32 {_show(crc)}), the object holds {len(payload)}. It was left "
+            "untouched; restore it from a backup or delete the run to start over.",
             run=run,
         )
-    try:
+    steps, history = record["steps"], record["history"]
+    if not isinstance(steps, list) or not isinstance(history, list):
+        problem = "steps and history must be lists"
+    elif not all(isinstance(entry, list) for entry in history):
+        problem = "history must be a list of lists"
+    else:
         header = Checkpoint(
-            **{
-                **record,
-                "steps": tuple(record["steps"]),
-                "history": tuple(tuple(h) for h in record.get("history", ())),
-            }
+            **{**record, "steps": tuple(steps), "history": tuple(map(tuple, history))}
         )
-    except (KeyError, TypeError) as exc:
-        raise CorruptCheckpoint(
-            f"{where} has a malformed header ({exc}); left untouched.", run=run
-        ) from exc
-    problem = _field_problem(header)
+        problem = _field_problem(header)
     if problem:
         raise CorruptCheckpoint(
             f"{where} has a malformed header: {problem}; left untouched.", run=run
@@ -292,11 +407,24 @@ def decode(data: bytes, *, where: str, run: str | None = None) -> tuple[Checkpoi
     return header, payload
 
 
-_SHAPES: dict[str, dict[str, type | tuple[type, ...]]] = {
-    "intent": {"step": str, "index": int, "iteration": int, "key": str},
-    "error": {"step": str, "type": str, "message": str, "attempts": int},
-    "owner": {"host": str, "pid": int, "token": str, "until": (int, float)},
-}
+def _format_problem(version: object) -> str | None:
+    """Why ``format`` is not a format this version reads (a newer one aside)."""
+    if not _is_int(version):
+        return f"format is {_show(version)}, not a format number"
+    if version < 1:
+        return f"format {version} is not a valid checkpoint format"
+    return None
+
+
+def _presence_problem(record: dict[str, Any]) -> str | None:
+    """Which field the writer always writes is missing, or which is unknown."""
+    missing = [name for name in _REQUIRED if name not in record]
+    if missing:
+        return f"missing field {', '.join(missing)}"
+    unknown = sorted(record.keys() - _REQUIRED)
+    if unknown:
+        return f"unknown field {', '.join(_show(name) for name in unknown)}"
+    return None
 
 
 def _field_problem(h: Checkpoint) -> str | None:  # noqa: PLR0911 - a return per check
@@ -309,20 +437,21 @@ def _field_problem(h: Checkpoint) -> str | None:  # noqa: PLR0911 - a return per
     for name in ("workflow", "run_id", "run_nonce", "serializer"):
         if not isinstance(getattr(h, name), str):
             return f"{name} is not a string"
-    if h.status not in _STATUSES:
-        return f"unknown status {h.status!r}"
+    if not isinstance(h.status, str) or h.status not in _STATUSES:
+        return f"unknown status {_show(h.status)}"
     if not h.steps or not all(isinstance(s, str) for s in h.steps):
         return "steps is not a list of names"
     for name in ("iteration", "next_step", "committed"):
         value = getattr(h, name)
-        if not _is_int(value) or value < 0:
-            return f"{name} is {value!r}, not a count"
-    if h.next_step > len(h.steps) or (h.next_step == len(h.steps) and h.status != "completed"):
+        if not _is_count(value):
+            return f"{name} is {_show(value)}, not a count"
+    ended = h.status in ("completed", "deleted")
+    if h.next_step > len(h.steps) or (h.next_step == len(h.steps) and not ended):
         return f"next_step {h.next_step} is past the {len(h.steps)} steps"
     for name in ("created_at", "updated_at"):
         value = getattr(h, name)
-        if not (_is_int(value) or isinstance(value, float)) or math.isnan(value):
-            return f"{name} is {value!r}, not a time"
+        if not _is_time(value):
+            return f"{name} is {_show(value)}, not a time"
     return _record_problem(h)
 
 
@@ -330,18 +459,112 @@ def _record_problem(h: Checkpoint) -> str | None:
     """The nested fields' part of :func:`_field_problem`."""
     for entry in h.history:
         if len(entry) != 5 or not isinstance(entry[0], str) or not all(map(_is_int, entry[1:])):
-            return f"history entry {list(entry)!r} is not [step, iteration, attempts, ms, at]"
+            return f"history entry {_show(list(entry))} is not [step, iteration, attempts, ms, at]"
     for name, shape in _SHAPES.items():
         value = getattr(h, name)
         if value is None:
             continue
         if not isinstance(value, dict):
             return f"{name} is not an object"
-        for key, kind in shape.items():
-            if not isinstance(value.get(key), kind) or isinstance(value.get(key), bool):
-                return f"{name}.{key} is {value.get(key)!r}"
+        for key, (check, required) in shape.items():
+            if key not in value:
+                if required:
+                    return f"{name}.{key} is missing"
+            elif not check(value[key]):
+                return f"{name}.{key} is {_show(value[key])}"
     return None
 
 
-def _is_int(value: object) -> bool:
+_PID_MAX = 2**22
+"""Linux's ceiling for pid_max: a larger pid is no process (and overflows os.kill)."""
+
+
+def _is_int(value: object) -> TypeGuard[int]:
     return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_count(value: object) -> bool:
+    return _is_int(value) and value >= 0
+
+
+def _is_number(value: object) -> TypeGuard[float]:
+    """A finite int or float (not bool): a huge int would overflow math."""
+    if isinstance(value, float):
+        return math.isfinite(value)
+    return _is_int(value) and abs(value) < 2**63
+
+
+def _is_time(value: object) -> bool:
+    """Seconds since the epoch (or since boot): finite, not negative."""
+    return _is_number(value) and value >= 0
+
+
+def _is_str(value: object) -> bool:
+    return isinstance(value, str)
+
+
+def _is_pid(value: object) -> bool:
+    return _is_int(value) and 0 < value < _PID_MAX
+
+
+def _is_key(value: object) -> bool:
+    """An idempotency key as handed to APIs: 1-64 printable ASCII characters."""
+    return (
+        isinstance(value, str) and 0 < len(value) <= 64 and value.isascii() and value.isprintable()
+    )
+
+
+def _is_lease(value: object) -> bool:
+    return _is_number(value) and value > 0
+
+
+def _one_of(*allowed: str) -> Callable[[object], bool]:
+    return lambda value: isinstance(value, str) and value in allowed
+
+
+def _or_null(check: Callable[[object], bool]) -> Callable[[object], bool]:
+    return lambda value: value is None or check(value)
+
+
+_REQUIRED_KEY, _OPTIONAL_KEY = True, False
+_SHAPES: dict[str, dict[str, tuple[Callable[[object], bool], bool]]] = {
+    "intent": {
+        "step": (_is_str, _REQUIRED_KEY),
+        "index": (_is_count, _REQUIRED_KEY),
+        "iteration": (_is_count, _REQUIRED_KEY),
+        "key": (_is_key, _REQUIRED_KEY),
+        "at": (_is_time, _REQUIRED_KEY),
+        "resolution": (_one_of("fired", "not_fired"), _OPTIONAL_KEY),
+        "policy": (_one_of("refire", "raise", "reconcile"), _OPTIONAL_KEY),
+    },
+    "error": {
+        "step": (_is_str, _REQUIRED_KEY),
+        "iteration": (_is_count, _REQUIRED_KEY),
+        "type": (_is_str, _REQUIRED_KEY),
+        "message": (_is_str, _REQUIRED_KEY),
+        "attempts": (_is_count, _REQUIRED_KEY),
+        "at": (_is_time, _REQUIRED_KEY),
+    },
+    "owner": {
+        "host": (_is_str, _REQUIRED_KEY),
+        "pid": (_is_pid, _REQUIRED_KEY),
+        "started": (_or_null(_is_time), _OPTIONAL_KEY),  # None where /proc is not readable
+        "token": (_is_str, _REQUIRED_KEY),
+        "until": (_is_time, _REQUIRED_KEY),
+        "lease": (_is_lease, _OPTIONAL_KEY),
+        "skew": (_or_null(_is_number), _OPTIONAL_KEY),
+        "boot": (_is_str, _OPTIONAL_KEY),
+        "pidns": (_is_int, _OPTIONAL_KEY),
+    },
+}
+"""What ``intent``, ``error`` and ``owner`` hold when they are not null: per
+key, its check and whether the writer always writes it. Other keys are kept
+unchecked (a newer writer's optional extras)."""
+
+_REPR = reprlib.Repr()
+_REPR.maxstring = _REPR.maxother = 60
+
+
+def _show(value: object) -> str:
+    """A repr short enough for a message, whatever a damaged header holds."""
+    return _REPR.repr(value)

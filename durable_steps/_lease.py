@@ -13,18 +13,41 @@ heartbeat can never clobber a commit, and a process that lost its run (it
 was paused past its lease and another process took over) finds out at its
 next write: :class:`CheckpointConflict`, and it stops.
 
-Another process may take a run over when (:func:`is_live` is false):
+Another process may take a run over when :func:`judge` says the owner is
+not ``"live"``:
 
-* the lease has ended; or
-* the owner is on this host and its process is gone (a SIGKILL, an OOM kill,
-  a reboot): no need to wait for the lease; or
-* the owner is this very process and that execution has ended (an exception
-  escaped ``wf.run``; the run is free at once).
+``"none"``
+    No owner: the run was never claimed, or it stopped cleanly (released by
+    a worker, failed, in doubt).
+``"gone"``
+    The owner provably runs no more: it is on this host (same hostname, boot
+    and PID namespace) and its process is gone or was replaced (a SIGKILL, an
+    OOM kill), or the host rebooted since, or it is an execution in this
+    very process that has ended.
+``"expired"``
+    The lease ended, but the owner is on another host (or its record is
+    malformed), so it may still be alive: paused past its lease (SIGSTOP, a
+    frozen VM) and about to wake. A process that takes such a run over
+    *claims it with a write before running anything*, so the straggler's
+    next write is refused and it stops; without that claim, a straggler that
+    woke before the taker's first write would win and both would run the
+    step at once.
 
-Leases rely on the hosts' clocks agreeing to well within the lease (60 s by
-default); NTP does that. Hosts are told apart by ``socket.gethostname()``:
-containers that share a hostname but not a PID namespace must not share a
-store prefix without distinct hostnames.
+Clocks. Leases are wall-clock times written by one host and read by another,
+so they rely on the clocks agreeing. Each process measures its own clock
+against the store's (``Store.clock_skew()``: S3 answers carry a ``Date``
+header; a local store shares this host's clock) and records that skew in
+its owner record; a reader translates the owner's ``until`` into the store's
+clock with it, and its own "now" likewise. So an owner 120 s behind does not
+look expired to everyone else, nor one 120 s ahead alive long after it died.
+A process whose own clock is off by more than a quarter of the lease refuses
+to take over an expired run (the error names the skew), since its judgement
+of "expired" cannot be trusted. A record's ``until`` is capped at its own
+``updated_at`` plus its lease (an honest owner writes both at once), so a
+malformed ``until`` of 1e308 never locks a run for good.
+
+Hosts are told apart by hostname, boot id and PID namespace: containers that
+share a hostname but not a PID namespace are different hosts here.
 """
 
 from __future__ import annotations
@@ -37,16 +60,41 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, Literal
 
 from ._events import logger
 from .errors import CheckpointConflict
 
-__all__ = ["Heartbeat", "Owner", "describe", "is_live", "lease_end"]
+__all__ = ["Heartbeat", "Owner", "Ownership", "describe", "is_live", "judge", "lease_end"]
+
+Ownership = Literal["none", "live", "gone", "expired"]
 
 _HOST = socket.gethostname()
+_PID_MAX = 2**22  # Linux's ceiling for pid_max: anything above is no pid
+_SKEW_MAX = 86_400.0  # a recorded skew beyond a day is noise, not a clock
 _active_tokens: set[str] = set()  # executions running in this process now
 _active_lock = threading.Lock()
+
+
+def _read_text(path: str) -> str | None:
+    try:
+        with open(path, encoding="ascii") as f:
+            return f.read().strip() or None
+    except (OSError, ValueError):
+        return None
+
+
+def _pid_namespace() -> int | None:
+    try:
+        return os.stat("/proc/self/ns/pid").st_ino
+    except OSError:
+        return None
+
+
+# This host's identity beyond its name: a reboot changes the boot id, and a
+# container with a borrowed hostname has a PID namespace of its own.
+_BOOT = _read_text("/proc/sys/kernel/random/boot_id")
+_PIDNS = _pid_namespace()
 
 
 def _process_started(pid: int) -> float | None:
@@ -77,22 +125,46 @@ def _after_fork() -> None:
 os.register_at_fork(after_in_child=_after_fork)
 
 
-class Owner:
-    """This process's claim on one run: a token, renewed to ``lease`` seconds ahead."""
+def _number(value: object) -> float | None:
+    """``value`` as a finite float, or None for anything else (bools included)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return float(value) if math.isfinite(value) else None
 
-    def __init__(self, lease: float) -> None:
+
+class Owner:
+    """This process's claim on one run: a token, renewed to ``lease`` seconds ahead.
+
+    ``skew`` returns this host's clock skew against the store (see the module
+    docstring), recorded with every lease so readers can translate it.
+    """
+
+    def __init__(self, lease: float, skew: Callable[[], float | None] = lambda: 0.0) -> None:
         self.lease = lease
         self.token = secrets.token_hex(8)
+        self._skew = skew
+        self.stamped = time.monotonic()
+        """When the lease last written was computed (monotonic): it runs from here."""
 
     def record(self) -> dict[str, Any]:
         """The header's ``owner`` field, with the lease renewed from now."""
+        self.stamped = time.monotonic()
+        skew = self._skew()
         return {
             "host": _HOST,
             "pid": os.getpid(),
             "started": _STARTED,
             "token": self.token,
             "until": round(time.time() + self.lease, 3),
+            "lease": self.lease,
+            "skew": None if skew is None else round(skew, 3),
+            "boot": _BOOT,
+            "pidns": _PIDNS,
         }
+
+    def remaining(self) -> float:
+        """Seconds left of the lease last written (negative once it ran out)."""
+        return self.stamped + self.lease - time.monotonic()
 
     @contextlib.contextmanager
     def active(self) -> Iterator[None]:
@@ -106,30 +178,77 @@ class Owner:
                 _active_tokens.discard(self.token)
 
 
-def lease_end(owner: Any) -> float:
-    """The lease's end, or 0.0 (long over) for an owner record that is malformed."""
-    until = owner.get("until") if isinstance(owner, dict) else None
-    if isinstance(until, bool) or not isinstance(until, (int, float)) or not math.isfinite(until):
+def lease_end(owner: Any, *, since: float | None = None) -> float:
+    """The lease's end in the store's clock, or 0.0 (long over) for a malformed record.
+
+    ``since`` is the header's ``updated_at``, written with the lease by the
+    same clock: the end is capped at it plus the record's lease.
+    """
+    until = _number(owner.get("until")) if isinstance(owner, dict) else None
+    if until is None:
         return 0.0
-    return float(until)
+    assert isinstance(owner, dict)
+    lease = _number(owner.get("lease"))
+    if since is not None and lease is not None and lease > 0:
+        until = min(until, since + lease)
+    skew = _number(owner.get("skew"))
+    if skew is not None and abs(skew) < _SKEW_MAX:
+        until -= skew  # the owner's clock, translated into the store's
+    return until
 
 
-def is_live(owner: dict[str, Any] | None, *, now: float | None = None) -> bool:
+def _same_host(owner: dict[str, Any]) -> bool:
+    if owner.get("host") != _HOST:
+        return False
+    pidns = owner.get("pidns")
+    return pidns is None or _PIDNS is None or pidns == _PIDNS
+
+
+def judge(  # noqa: PLR0911 - one answer per kind of owner
+    owner: object,
+    *,
+    now: float | None = None,
+    skew: float | None = None,
+    since: float | None = None,
+) -> Ownership:
     """Whether ``owner`` (a header's ``owner`` field) may still be running.
 
-    A malformed record never counts as live: it must not lock a run forever.
+    ``skew`` is this process's clock skew against the store (None: unknown,
+    taken as 0); ``since`` the header's ``updated_at``. See the module
+    docstring for the four answers.
     """
-    if not owner or lease_end(owner) < (time.time() if now is None else now):
-        return False
-    if owner.get("host") != _HOST:
-        return True  # another machine, lease not over: assume it is alive
-    pid = owner.get("pid")
-    if not isinstance(pid, int) or pid <= 0:
-        return False
-    if pid == os.getpid():
-        with _active_lock:
-            return owner.get("token") in _active_tokens
-    return _process_alive(pid, owner.get("started"))
+    if not owner:
+        return "none"
+    if not isinstance(owner, dict):
+        return "expired"  # a malformed record never counts as live
+    clock = (time.time() if now is None else now) - (skew or 0.0)
+    if _same_host(owner):
+        boot = owner.get("boot")
+        if boot is not None and _BOOT is not None and boot != _BOOT:
+            return "gone"  # this host rebooted since the owner wrote
+        pid = owner.get("pid")
+        if isinstance(pid, bool) or not isinstance(pid, int) or not 0 < pid < _PID_MAX:
+            return "expired"  # a malformed record never counts as live
+        if pid == os.getpid():
+            with _active_lock:
+                if owner.get("token") not in _active_tokens:
+                    return "gone"
+        elif not _process_alive(pid, owner.get("started")):
+            return "gone"
+    if lease_end(owner, since=since) < clock:
+        return "expired"
+    return "live"
+
+
+def is_live(
+    owner: object,
+    *,
+    now: float | None = None,
+    skew: float | None = None,
+    since: float | None = None,
+) -> bool:
+    """Whether ``owner`` may still be running: :func:`judge` says ``"live"``."""
+    return judge(owner, now=now, skew=skew, since=since) == "live"
 
 
 def _process_alive(pid: int, started: float | None) -> bool:
@@ -140,12 +259,14 @@ def _process_alive(pid: int, started: float | None) -> bool:
         return False
     except PermissionError:
         return True  # exists, owned by another user
+    except (OverflowError, ValueError, OSError):
+        return False  # no such pid can exist
     return started is None or _process_started(pid) in (None, started)
 
 
-def describe(owner: dict[str, Any]) -> str:
+def describe(owner: dict[str, Any], *, since: float | None = None) -> str:
     """``host:pid (lease ends in 42s)`` for messages."""
-    left = lease_end(owner) - time.time()
+    left = lease_end(owner, since=since) - time.time()
     return f"{owner.get('host')}:{owner.get('pid')} (lease ends in {max(left, 0):.0f}s)"
 
 
@@ -160,7 +281,14 @@ class Heartbeat:
     costs nothing.
     """
 
-    def __init__(self, interval: float, renew: Callable[[], None], name: str) -> None:
+    def __init__(
+        self,
+        interval: float,
+        renew: Callable[[], None],
+        name: str,
+        *,
+        first: float | None = None,
+    ) -> None:
         self.lost = False
         self.interval = interval
         self.name = name
@@ -168,7 +296,11 @@ class Heartbeat:
         self._stopped = False
         self._lock = threading.Lock()  # held while a renewal writes
         self._in_flight = threading.Lock()  # one renewal at a time per heartbeat
-        _BEATER.arm(self)
+        # ``first`` (monotonic) is when the lease now in the store needs its
+        # first renewal: counted from when that lease was stamped, not from
+        # now, so a write that was slow to land does not leave the lease to
+        # run out while the step runs.
+        _BEATER.arm(self, time.monotonic() + interval if first is None else first)
 
     def beat(self) -> None:
         """Renew once (in a thread the beater starts for it)."""
@@ -212,9 +344,9 @@ class _Beater:
         self._thread: threading.Thread | None = None
         self._wakes_at = 0.0  # when the thread will look again by itself
 
-    def arm(self, heartbeat: Heartbeat) -> None:
+    def arm(self, heartbeat: Heartbeat, when: float) -> None:
         with self._wake:
-            when = self._due[heartbeat] = time.monotonic() + heartbeat.interval
+            self._due[heartbeat] = when
             if self._thread is None or not self._thread.is_alive():  # first use, or forked
                 self._thread = threading.Thread(
                     target=self._run, name="durable-steps heartbeat", daemon=True

@@ -6,6 +6,7 @@ from typing import TYPE_CHECKING
 
 from . import _checkpoint as ckpt
 from ._lease import describe, is_live
+from ._run import store_skew
 from .errors import CheckpointConflict, DurableStepsError, RunLocked
 
 if TYPE_CHECKING:
@@ -14,20 +15,40 @@ if TYPE_CHECKING:
 __all__ = ["resolve"]
 
 
-def resolve(store: Store, workflow: str, run_id: str, *, fired: bool, force: bool = False) -> None:
-    """Record what happened to a run's in-doubt step (see ``Workflow.resolve``)."""
+def resolve(
+    store: Store,
+    workflow: str,
+    run_id: str,
+    *,
+    fired: bool,
+    force: bool = False,
+    signer: ckpt.Signer | None = None,
+) -> None:
+    """Record what happened to a run's in-doubt step (see ``Workflow.resolve``).
+
+    A signed run is verified and re-signed with ``signer``; without one it is
+    refused, since the rewritten header could not be signed.
+    """
     name = f"{workflow}/{run_id}"
     key = ckpt.checkpoint_key(workflow, run_id)
     found = store.get(key)
     if found is None:
         raise DurableStepsError(f"run {name} does not exist (no checkpoint at {key!r})", run=name)
-    header, payload = ckpt.decode(found[0], where=f"run {name}: checkpoint {key!r}", run=name)
+    where = f"run {name}: checkpoint {key!r}"
+    header, payload = ckpt.decode(found[0], where=where, run=name, signer=signer)
+    if signer is None and header.serializer.endswith("+hmac-sha256"):
+        raise DurableStepsError(
+            f"run {name} is signed: resolving it rewrites its header, which needs the "
+            "signing key (pass the workflow's signing_key, or set $DURABLE_STEPS_SIGNING_KEY "
+            "for the command line).",
+            run=name,
+        )
     if header.intent is None:
         raise DurableStepsError(
             f"run {name} has no step in doubt (status {header.status}); nothing to resolve",
             run=name,
         )
-    if is_live(header.owner) and not force:
+    if is_live(header.owner, skew=store_skew(store), since=header.updated_at) and not force:
         assert header.owner is not None
         raise RunLocked(
             f"run {name} is being run by {describe(header.owner)}: its step may be firing "
@@ -40,7 +61,7 @@ def resolve(store: Store, workflow: str, run_id: str, *, fired: bool, force: boo
     try:
         store.put(
             key,
-            ckpt.encode(header.evolve(intent=intent, status="running"), payload),
+            ckpt.encode(header.evolve(intent=intent, status="running"), payload, signer),
             match=found[1],
         )
     except CheckpointConflict as exc:

@@ -15,11 +15,12 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from . import _checkpoint as ckpt
-from ._drivers import Protocol, Put
-from ._events import Event, EventKind, Subscriber, emit
-from ._lease import Heartbeat, Owner
+from ._drivers import Get, Protocol, Put
+from ._events import Event, EventKind, Subscriber, emit, logger
+from ._lease import Heartbeat, Owner, describe
 from ._step import Step
-from .errors import CheckpointConflict, CorruptCheckpoint, SerializationError
+from .errors import CheckpointConflict, CorruptCheckpoint, SerializationError, StoreError
+from .serializers import SignedSerializer
 
 if TYPE_CHECKING:
     from .serializers import Serializer
@@ -47,6 +48,8 @@ class Plan:
     """Set by a worker to stop the run after its current step (see Released)."""
     claim: bool = False
     """Write a claim before the first step of a resumed run (see execute)."""
+    implicit_store: bool = False
+    """The store is the default local directory, chosen by nobody."""
 
 
 class Released(Exception):
@@ -69,20 +72,37 @@ class RunState:
         self.header: ckpt.Checkpoint
         self.payload: bytes = b""
         self.state: Any = None
-        self.owner = Owner(plan.lease)
+        self.owner = Owner(plan.lease, lambda: store_skew(plan.store))
+        self.signer = plan.serializer if isinstance(plan.serializer, SignedSerializer) else None
+        self.gone = False
+        """The checkpoint vanished under a write (deleted while the run ran)."""
+        self.rival: dict[str, Any] | None = None
+        """The owner record found by the last refused write, if any."""
 
     def event(self, kind: EventKind, **fields: Any) -> None:
         if self.plan.subscribers:
             emit(self.plan.subscribers, Event(kind, self.plan.workflow, self.run_id, **fields))
 
     def encode_state(self, step: str | None) -> bytes:
+        """The state's bytes; ``step`` is the step just run, None for the
+        initial state of a new run.
+        """
         try:
             return self.plan.serializer.dumps(self.state)
         except SerializationError as exc:
-            where = f" after step {step!r}" if step else ""
+            if step is None:
+                outcome = (
+                    "Nothing was written: the run was not created. Change that value in "
+                    "the initial state and start the run again."
+                )
+            else:
+                outcome = (
+                    f"The last good checkpoint is kept; step {step!r} will run again on "
+                    "resume, so change what it puts in the state first."
+                )
+            where = f"after step {step!r}" if step else "(the initial state)"
             raise SerializationError(
-                f"run {self.name}: cannot save the state{where}: {exc.message} "
-                "The last good checkpoint is kept; the step will run again on resume.",
+                f"run {self.name}: cannot save the state {where}: {exc.message} {outcome}",
                 run=self.name,
                 step=step,
                 path=exc.path,
@@ -106,24 +126,84 @@ class RunState:
         return header.replace(owner=self.owner.record() if keep else None)
 
     def write(
-        self, header: ckpt.Checkpoint, step: str | None, *, release: bool = False
+        self,
+        header: ckpt.Checkpoint,
+        step: str | None,
+        *,
+        release: bool = False,
+        payload: bytes | None = None,
     ) -> Protocol[None]:
-        """Conditionally write ``header`` + the current payload."""
+        """Conditionally write ``header`` + the current payload (or ``payload``).
+
+        A refusal is checked before it is believed: if the object carries
+        this execution's own owner token, it is our own write whose answer
+        was lost (a renewal that landed and then reported an error), so it is
+        adopted and the write repeated on top of it. Anything else is a real
+        :class:`CheckpointConflict`, and nothing was overwritten.
+        """
         header = self.stamp(header, release=release)
-        data = ckpt.encode(header, self.payload)
+        data = ckpt.encode(header, self.payload if payload is None else payload, self.signer)
         try:
-            self.version = yield Put(self.key, data, self.version)
+            try:
+                self.version = yield Put(self.key, data, self.version)
+            except CheckpointConflict:
+                found = yield Get(self.key)
+                if not self._adopt(found):
+                    raise
+                self.version = yield Put(self.key, data, self.version)
         except CheckpointConflict as exc:
-            raise self.conflict(step) from exc
+            raise self.conflict(step, created=self.version is None) from exc
+        except StoreError as exc:
+            raise self.store_error(exc, step) from exc
         self.header = header
 
-    def conflict(self, step: str | None) -> CheckpointConflict:
+    def _adopt(self, found: tuple[bytes, str] | None) -> bool:
+        """Take ``found`` as our own last write if it carries our owner token."""
+        if found is None:
+            self.gone = True
+            return False
+        try:
+            header, _ = ckpt.decode(found[0], where=self.key, run=self.name, signer=self.signer)
+        except CorruptCheckpoint:
+            return False
+        self.rival = header.owner
+        if (header.owner or {}).get("token") != self.owner.token:
+            return False
+        logger.info("run %s: an earlier write of ours landed unreported; continuing", self.name)
+        self.version = found[1]
+        return True
+
+    def conflict(self, step: str | None, *, created: bool = False) -> CheckpointConflict:
+        """The error for a refused write, worded for what refused it."""
         at = f" at step {step!r}" if step else ""
-        return CheckpointConflict(
-            f"run {self.name}: another process changed its checkpoint{at}, so this "
-            "process stopped without overwriting it (its lease had run out and the run "
-            "was taken over, or it ran twice). Nothing further ran here; let the other "
-            "process finish.",
+        if created:
+            why = (
+                f"another process created run {self.name} at the same moment and runs it "
+                "now, so this one stopped before running anything. Rerun later to resume "
+                "it (RunLocked while the other process runs it)."
+            )
+        elif self.gone:
+            why = (
+                f"run {self.name}: its checkpoint was deleted while it ran{at} "
+                "(durable-steps rm or prune, or another process's cleanup), so this process "
+                "stopped without writing it back. Nothing further ran here."
+            )
+        else:
+            by = f" by {describe(self.rival)}" if self.rival else ""
+            why = (
+                f"run {self.name}: another process changed its checkpoint{at}{by}, so this "
+                "process stopped without overwriting it (its lease had run out and the run "
+                "was taken over, or it ran twice). Nothing further ran here; let the other "
+                "process finish."
+            )
+        return CheckpointConflict(why, run=self.name, step=step)
+
+    def store_error(self, exc: StoreError, step: str | None) -> StoreError:
+        """``exc`` with the run and step named, and what a rerun will do."""
+        at = f" at step {step!r}" if step else ""
+        return StoreError(
+            f"run {self.name}: the store failed{at}: {exc.message} The last checkpoint "
+            "that was written is kept; rerun to resume from it.",
             run=self.name,
             step=step,
         )
@@ -134,9 +214,28 @@ class RunState:
         def renew() -> None:
             # A resumed run claims with its first write: this one, if the
             # step outlasts a third of the lease. So it says "running" too.
-            header = self.stamp(self.header.replace(status="running"))
-            data = ckpt.encode(header, self.payload)
-            self.version = self.plan.store.put(self.key, data, match=self.version)
+            header = self.stamp(self.header.evolve(status="running"))
+            data = ckpt.encode(header, self.payload, self.signer)
+            store = self.plan.store
+            try:
+                self.version = store.put(self.key, data, match=self.version)
+            except CheckpointConflict:
+                if not self._adopt(store.get(self.key)):
+                    raise
+                self.version = store.put(self.key, data, match=self.version)
             self.header = header
 
-        return Heartbeat(self.plan.lease / 3, renew, self.name)
+        interval = self.plan.lease / 3
+        return Heartbeat(interval, renew, self.name, first=self.owner.stamped + interval)
+
+
+def store_skew(store: Store) -> float | None:
+    """The store's ``clock_skew()``, where it has one (an optional method)."""
+    measure = getattr(store, "clock_skew", None)
+    if measure is None:
+        return None
+    try:
+        skew = measure()
+    except Exception:  # a wrapper's broken method must not stop a run
+        return None
+    return float(skew) if isinstance(skew, (int, float)) else None

@@ -36,10 +36,10 @@ from typing import Any
 import tenacity
 
 from . import _checkpoint as ckpt
-from ._drivers import AwaitableInSyncRun, Call, Delete, Get, Protocol, Sleep
+from ._drivers import AwaitableInSyncRun, Call, Get, Protocol, Sleep
 from ._events import logger
-from ._lease import Heartbeat, describe, is_live
-from ._run import Plan, Released, RunState
+from ._lease import Heartbeat, describe, judge
+from ._run import Plan, Released, RunState, store_skew
 from ._step import Context, Step
 from .errors import (
     CheckpointConflict,
@@ -51,6 +51,7 @@ from .errors import (
     StepInDoubt,
     WorkflowChanged,
 )
+from .stores import DEFAULT_STORE, STORE_ENV
 
 __all__ = ["RunGone", "execute", "submit"]
 
@@ -77,20 +78,25 @@ def execute(plan: Plan, run_id: str, initial: Any, *, create: bool = True) -> Pr
         if found is None:
             yield from _create(run, initial)
         else:
-            _load(run, *found)
+            claim = _load(run, *found)
+            if run.header.status == "deleted":
+                logger.info("run %s completed and its state was deleted; nothing to do", run.name)
+                return None
             if run.header.status == "completed":
                 logger.info("run %s is already complete; nothing to do", run.name)
-                if plan.on_complete == "delete":  # a crash came between commit and delete
-                    yield from _delete(run)
+                if plan.on_complete == "delete":  # a crash came between commit and tombstone
+                    yield from _tombstone(run)
                 return run.state
-            if plan.claim:
-                # An explicit claim before any step runs: from here on a process
-                # that held the run is fenced off by the compare-and-swap of
-                # every write it tries, and others see us as the owner. Workers
-                # and takeovers pay this PUT; a plain rerun (whose previous owner
-                # is gone) claims with its first write instead — the intent, the
-                # first commit, or the heartbeat of a long first step — so that
-                # resuming costs one GET.
+            if claim:
+                # An explicit claim before any step (or reconcile) runs: from
+                # here on a process that held the run is fenced off by the
+                # compare-and-swap of every write it tries, and others see us
+                # as the owner. Workers, takeovers and resumes from an owner
+                # that may still be alive (its lease ran out on another host)
+                # pay this PUT; a plain rerun whose previous owner is provably
+                # gone (or stopped cleanly) claims with its first write instead
+                # — the intent, the first commit, or the heartbeat of a long
+                # first step — so that resuming costs one GET.
                 yield from run.write(run.header.evolve(status="running"), None)
         while run.header.status != "completed":
             if plan.stop is not None and plan.stop.is_set():
@@ -125,28 +131,30 @@ def _create(run: RunState, initial: Any, *, release: bool = False) -> Protocol[N
     )
     yield from run.write(header, None, release=release)
     logger.info("run %s %s", run.name, "submitted" if release else "started")
+    if plan.implicit_store and not all(s.idempotent for s in plan.steps):
+        logger.warning(
+            "run %s was created in the default local store %s because no store= was given "
+            "and $%s is not set. A rerun from another directory or machine will not find "
+            "it and will start the run over, firing its non-idempotent steps again under "
+            "new idempotency keys. Pass store= (or set $%s) to the store you will resume from.",
+            run.name,
+            DEFAULT_STORE,
+            STORE_ENV,
+            STORE_ENV,
+        )
     run.event("run_started")
 
 
-def _load(run: RunState, data: bytes, version: str) -> None:
+def _load(run: RunState, data: bytes, version: str) -> bool:
+    """Decode and check a found checkpoint; True if the resume must claim it first."""
     plan = run.plan
     header, payload = ckpt.decode(
-        data, where=f"run {run.name}: checkpoint {run.key!r}", run=run.name
+        data, where=f"run {run.name}: checkpoint {run.key!r}", run=run.name, signer=run.signer
     )
     if (header.workflow, header.run_id) != (plan.workflow, run.run_id):
         raise CorruptCheckpoint(
             f"run {run.name}: the checkpoint at {run.key!r} belongs to run "
             f"{header.run}; it was left untouched.",
-            run=run.name,
-        )
-    if header.serializer != plan.serializer.name and plan.serializer.name.startswith(
-        f"{header.serializer}+"
-    ):
-        raise CorruptCheckpoint(
-            f"run {run.name}: the checkpoint at {run.key!r} is not signed, but a signing "
-            "key is set, so it is refused unread (it could have been written by anyone "
-            "who can write the store). Resume it without the key only if you trust "
-            "every writer of the store.",
             run=run.name,
         )
     if header.serializer != plan.serializer.name:
@@ -156,17 +164,13 @@ def _load(run: RunState, data: bytes, version: str) -> None:
             "key) it was started with, or start a new run.",
             run=run.name,
         )
-    if header.status != "completed":
+    claim = plan.claim
+    if header.status not in ("completed", "deleted"):
         _check_steps(run.name, header.steps, tuple(s.name for s in plan.steps))
-        if is_live(header.owner) and not plan.takeover:
-            assert header.owner is not None
-            raise RunLocked(
-                f"run {run.name} is being run by {describe(header.owner)}. Wait for it, "
-                "or if you know that process is gone, pass takeover=True "
-                "(durable-steps worker does this by itself once the lease ends).",
-                run=run.name,
-            )
+        claim = _check_owner(run, header) or claim
     run.header, run.payload, run.version = header, payload, version
+    if header.status == "deleted":
+        return False
     run.state = run.decode_state(payload)
     if header.status != "completed":
         step = plan.steps[header.next_step].name
@@ -178,6 +182,32 @@ def _load(run: RunState, data: bytes, version: str) -> None:
             header.committed,
         )
         run.event("run_resumed", step=step, iteration=header.iteration)
+    return claim
+
+
+def _check_owner(run: RunState, header: ckpt.Checkpoint) -> bool:
+    """Refuse a run another process may be running; True if it must be claimed."""
+    plan = run.plan
+    skew = store_skew(plan.store)
+    ownership = judge(header.owner, skew=skew, since=header.updated_at)
+    if ownership == "live" and not plan.takeover:
+        assert header.owner is not None
+        raise RunLocked(
+            f"run {run.name} is being run by {describe(header.owner, since=header.updated_at)}. "
+            "Wait for it, or if you know that process is gone, pass takeover=True "
+            "(durable-steps worker does this by itself once the lease ends).",
+            run=run.name,
+        )
+    if ownership == "expired" and skew is not None and abs(skew) > plan.lease / 4:
+        raise RunLocked(
+            f"run {run.name}: its owner's lease has run out by this host's clock, but this "
+            f"clock is {abs(skew):.0f}s {'ahead of' if skew > 0 else 'behind'} the store's "
+            f"(more than a quarter of the {plan.lease:.0f}s lease), so that cannot be "
+            "trusted and the run was not taken over. Fix this host's clock (NTP), or pass "
+            "takeover=True if you know the owner is gone.",
+            run=run.name,
+        )
+    return ownership in ("live", "expired")
 
 
 def _check_steps(name: str, stored: tuple[str, ...], current: tuple[str, ...]) -> None:
@@ -220,18 +250,27 @@ def _advance(run: RunState, step: Step[..., Any], index: int) -> Protocol[None]:
         if already_done:
             yield from _commit(run, step, ctx, attempts=0, seconds=0.0)
             return
-    fresh_intent = not step.idempotent and (not in_doubt or "resolution" in (intent or {}))
-    if fresh_intent:
-        # A person's resolution answers one crash only: re-fire under a fresh
-        # intent (same key), so a crash during the re-fire asks them again.
+    if not step.idempotent:
+        # Also before a re-fire: the fresh intent claims the run (of two plain
+        # reruns, only one gets past this compare-and-swap), and a person's
+        # resolution answers one crash only, so a crash during the re-fire
+        # asks again.
         intent = {
             "step": step.name,
             "index": index,
             "iteration": header.iteration,
             "key": key,
             "at": round(time.time(), 3),
+            "policy": "reconcile" if step.reconcile is not None else step.in_doubt,
         }
         yield from run.write(header.evolve(intent=intent, status="running"), step.name)
+        if run.owner.remaining() < run.plan.lease / 3:
+            # The intent was slow to land, and the lease it carried is mostly
+            # (or all) spent: renew it before the step fires, so that nobody
+            # can take the run over while its side effect is under way. (An
+            # idempotent step needs no such care: a takeover fences it off at
+            # its commit, and running it twice is harmless.)
+            yield from run.write(run.header.evolve(status="running"), step.name)
 
     started = time.monotonic()
     heartbeat = run.heartbeat()
@@ -242,7 +281,7 @@ def _advance(run: RunState, step: Step[..., Any], index: int) -> Protocol[None]:
     if heartbeat.lost:  # taken over while the step ran: say so before anything else
         raise run.conflict(step.name)
     if isinstance(failure, AwaitableInSyncRun):  # it never ran: withdraw our intent
-        if fresh_intent:
+        if not step.idempotent:  # back to the header before it (an earlier crash's intent stays)
             yield from run.write(header, step.name, release=True)
         raise DefinitionError(
             f"run {run.name}: step {step.name!r} is async (it returned an awaitable) and "
@@ -504,17 +543,34 @@ def _commit(
 
 def _finish(run: RunState) -> Protocol[Any]:
     if run.plan.on_complete == "delete":
-        yield from _delete(run)
+        yield from _tombstone(run)
     logger.info("run %s completed", run.name)
     run.event("run_completed")
     return run.state
 
 
-def _delete(run: RunState) -> Protocol[None]:
-    """Delete the completed run's checkpoint, unless someone wrote it since."""
+def _tombstone(run: RunState) -> Protocol[None]:
+    """Replace the completed run's checkpoint by a tombstone: no state, same identity.
+
+    The tombstone (status ``deleted``, empty payload) keeps the run's id taken,
+    so a rerun returns ``None`` and redoes nothing — rather than starting a
+    new run whose non-idempotent steps would fire again under new keys — and a
+    stale create-only write of this run still in flight can never land.
+    ``durable-steps rm``/``prune`` remove tombstones. The run completed
+    whatever happens here: a failure is logged, the checkpoint still holds
+    the terminal marker, and the next rerun tries again.
+    """
+    tomb = run.header.evolve(status="deleted", owner=None, intent=None, error=None)
     try:
-        yield Delete(run.key, run.version)
+        yield from run.write(tomb, None, payload=b"")
     except CheckpointConflict:
         # A new run under the same id (or a resolve, a takeover) wrote it after
         # our last write: it is theirs now, and stays.
         logger.warning("run %s changed after it completed; its checkpoint was kept", run.name)
+    except DurableStepsError as exc:
+        logger.warning(
+            "run %s completed, but its state could not be deleted (%s); the checkpoint "
+            "keeps the final state, and the next rerun of the run deletes it",
+            run.name,
+            exc,
+        )

@@ -15,8 +15,8 @@ from ._events import Subscriber
 from ._run import Plan
 from ._step import InDoubt, Retry, Step, callable_with, is_async_callable
 from .errors import DefinitionError
-from .serializers import Serializer, resolve_serializer
-from .stores import open_store
+from .serializers import Serializer, SignedSerializer, resolve_serializer
+from .stores import STORE_ENV, open_store
 
 if TYPE_CHECKING:
     from .stores import Store
@@ -82,6 +82,8 @@ class Workflow:
         self.on_complete = on_complete
         self.serializer = resolve_serializer(serializer, signing_key)
         self.store = open_store(store)
+        # Nobody chose this store: a rerun elsewhere would not find its runs.
+        self._implicit_store = store is None and not os.environ.get(STORE_ENV)
         self.on_event = tuple(on_event)
         self._steps: list[Step[..., Any]] = []
         for s in steps or ():
@@ -181,6 +183,7 @@ class Workflow:
             takeover,
             stop,
             claim or takeover,
+            self._implicit_store,
         )
 
     def run(self, run_id: str, state: Any = None, *, takeover: bool = False) -> Any:
@@ -224,8 +227,14 @@ class Workflow:
         A run that a live process owns raises :class:`~durable_steps.RunLocked`
         (its step may be firing right now); ``force=True`` overrides.
         """
+        signer = self.serializer if isinstance(self.serializer, SignedSerializer) else None
         _resolve.resolve(
-            self.store, self.name, validate_name(run_id, "run id"), fired=fired, force=force
+            self.store,
+            self.name,
+            validate_name(run_id, "run id"),
+            fired=fired,
+            force=force,
+            signer=signer,
         )
 
     def __repr__(self) -> str:

@@ -38,7 +38,7 @@ from . import _checkpoint as ckpt
 from ._drivers import drive_async, drive_sync
 from ._events import logger
 from ._lease import is_live
-from ._run import Released
+from ._run import Released, store_skew
 from ._runner import RunGone, execute
 from .errors import (
     CheckpointConflict,
@@ -79,6 +79,7 @@ class _Seen:
     version: str
     status: str
     owner: dict[str, Any] | None
+    updated_at: float | None = None
 
 
 class Worker:
@@ -110,6 +111,7 @@ class Worker:
         # then (None until the next scan sees it): skipped until someone
         # changes them, so a broken run is not retried in a tight loop.
         self._quarantine: dict[str, str | None] = {}
+        self._skipped: set[str] = set()  # keys already reported as no run
         self._prefix = f"{workflow.name}/"
         self._suffix = f"/{ckpt.CHECKPOINT_OBJECT}"
 
@@ -156,6 +158,7 @@ class Worker:
         are read by a later scan).
         """
         now = time.time()
+        skew = store_skew(self.workflow.store)
         found: list[str] = []
         listed: set[str] = set()
         try:
@@ -163,15 +166,19 @@ class Worker:
                 if limit is not None and len(found) >= limit:
                     break
                 listed.add(info.key)
-                run_id = info.key[len(self._prefix) : -len(self._suffix)]
-                if not info.key.endswith(self._suffix) or "/" in run_id or run_id in exclude:
+                run_id = self._run_id(info.key)
+                if run_id is None or run_id in exclude:
                     continue
                 if self._quarantined(run_id, info.version):
                     continue
                 seen = self._seen.get(info.key)
                 if seen is None or seen.version != info.version:
                     seen = self._read(info.key)
-                if seen and seen.status in self.statuses and not is_live(seen.owner, now=now):
+                if (
+                    seen
+                    and seen.status in self.statuses
+                    and not is_live(seen.owner, now=now, skew=skew, since=seen.updated_at)
+                ):
                     found.append(run_id)
             else:  # a full listing: forget runs that are gone
                 for key in self._seen.keys() - listed:
@@ -181,7 +188,32 @@ class Worker:
                     del self._quarantine[run_id]
         except DurableStepsError as exc:  # the store is down: try again at the next poll
             logger.warning("worker %s: scan failed (%s); retrying", self.workflow.name, exc)
+        except Exception:  # a bug of ours or a store wrapper's: never the worker's end
+            logger.exception("worker %s: scan failed; retrying", self.workflow.name)
         return found
+
+    def _run_id(self, key: str) -> str | None:
+        """The run id of a checkpoint key, or None for any other object.
+
+        An object whose name is not a valid run id (an operator's copy at
+        ``wf/r1 copy/checkpoint``, a name starting with ``_``) is logged once
+        and skipped: one bad object must never stop the workers of a prefix.
+        """
+        if not key.endswith(self._suffix):
+            return None
+        run_id = key[len(self._prefix) : -len(self._suffix)]
+        try:
+            return ckpt.validate_name(run_id, "run id")
+        except DefinitionError:
+            if key not in self._skipped:
+                self._skipped.add(key)
+                logger.warning(
+                    "worker %s: skipping %r: %r is not a valid run id, so it is no run of ours",
+                    self.workflow.name,
+                    key,
+                    run_id,
+                )
+            return None
 
     def _quarantined(self, run_id: str, version: str) -> bool:
         if run_id not in self._quarantine:
@@ -204,7 +236,7 @@ class Worker:
             logger.warning("worker: skipping %s", exc)
             seen = _Seen(got[1], "corrupt", None)
         else:
-            seen = _Seen(got[1], header.status, header.owner)
+            seen = _Seen(got[1], header.status, header.owner, header.updated_at)
         self._seen[key] = seen
         return seen
 

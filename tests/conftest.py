@@ -2,7 +2,9 @@
 
 ``store`` runs a test once per store: memory, local, and a fresh bucket on each
 real S3-compatible server (SeaweedFS and moto, started once per session on
-loopback by :mod:`tests.s3servers`). ``store_target`` gives the same stores as
+loopback by :mod:`tests.s3servers`). The GCS and Azure emulators
+(:mod:`tests.cloudservers`) are kinds too, ``CLOUD_KINDS``, which the tests
+that cover them ask for by name. ``store_target`` gives the same stores as
 a URL plus the environment a child process needs to open it, for tests that
 crash a subprocess.
 """
@@ -18,15 +20,28 @@ from pathlib import Path
 import pytest
 
 import durable_steps as ds
+from tests.cloudservers import (
+    AzuriteServer,
+    CloudServer,
+    FakeGCSServer,
+    start_azurite,
+    start_fake_gcs,
+)
 from tests.s3servers import S3Server, start_moto, start_seaweedfs
 
 S3_KINDS = ["seaweedfs", "moto"]
+CLOUD_KINDS = ["gcs", "azure"]  # emulators: fake-gcs-server, Azurite
 STORE_KINDS = ["memory", "local", *S3_KINDS]
 PERSISTENT_KINDS = ["local", *S3_KINDS]  # those a second process can open
+_SCHEMES = {"gcs": "gs", "azure": "az"}
 
 
 def _kind_params(kinds: list[str]) -> list[object]:
-    return [pytest.param(k, marks=pytest.mark.s3) if k in S3_KINDS else k for k in kinds]
+    marks = {
+        **dict.fromkeys(S3_KINDS, pytest.mark.s3),
+        **dict.fromkeys(CLOUD_KINDS, pytest.mark.cloud),
+    }
+    return [pytest.param(k, marks=marks[k]) if k in marks else k for k in kinds]
 
 
 @pytest.fixture(scope="session")
@@ -43,6 +58,30 @@ def moto(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
     server.stop()
 
 
+@pytest.fixture(scope="session")
+def gcs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FakeGCSServer]:
+    server = start_fake_gcs(tmp_path_factory.mktemp("fake-gcs"))
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def azure(tmp_path_factory: pytest.TempPathFactory) -> Iterator[AzuriteServer]:
+    server = start_azurite(tmp_path_factory.mktemp("azurite"))
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def gcs_bucket(gcs: FakeGCSServer) -> str:
+    return gcs.make_bucket()
+
+
+@pytest.fixture(scope="session")
+def azure_bucket(azure: AzuriteServer) -> str:
+    return azure.make_bucket()
+
+
 @dataclass
 class StoreTarget:
     """A store as a child process would open it: a URL and environment."""
@@ -50,12 +89,14 @@ class StoreTarget:
     kind: str
     url: str
     env: dict[str, str] = field(default_factory=dict)
-    server: S3Server | None = None
+    server: S3Server | CloudServer | None = None
 
     def open(self) -> ds.Store:
         """Open the store in this process (same configuration as the child)."""
         if self.server is None:
             return ds.open_store(self.url)
+        if isinstance(self.server, CloudServer):
+            return self.server.store(self.url)
         bucket, _, prefix = self.url.removeprefix("s3://").partition("/")
         return ds.S3Store(bucket, prefix, client=self.server.client())
 
@@ -71,11 +112,12 @@ def _target(kind: str, request: pytest.FixtureRequest, tmp_path: Path) -> StoreT
         return StoreTarget(kind, "memory://")
     if kind == "local":
         return StoreTarget(kind, str(tmp_path / "store"))
-    server: S3Server = request.getfixturevalue(kind)
+    server: S3Server | CloudServer = request.getfixturevalue(kind)
     # One bucket per server, a fresh prefix per test: on SeaweedFS every new
     # bucket costs volume allocation, and prefixes isolate tests just as well.
     bucket = request.getfixturevalue(f"{kind}_bucket")
-    return StoreTarget(kind, f"s3://{bucket}/t-{uuid.uuid4().hex[:12]}", server.env(), server)
+    url = f"{_SCHEMES.get(kind, 's3')}://{bucket}/t-{uuid.uuid4().hex[:12]}"
+    return StoreTarget(kind, url, server.env(), server)
 
 
 @pytest.fixture(scope="session")

@@ -1,4 +1,4 @@
-"""A fault-injecting HTTP reverse proxy for S3 tests (stdlib only).
+"""A fault-injecting HTTP reverse proxy for S3 tests (stdlib, and botocore to re-sign).
 
 Put it in front of one real S3-compatible server on loopback, point a boto3
 client at :attr:`FaultProxy.endpoint_url`, and queue faults for upcoming
@@ -30,11 +30,23 @@ given, has ``key`` in its path):
 ``conflict409``   answer 409 ``ConditionalRequestConflict``;
 ``not_implemented`` answer 501 ``NotImplemented`` (Backblaze B2's answer to
                   conditional-write headers);
-``delay``         wait ``seconds`` (past the client's read timeout), then forward.
+``delay``         wait ``seconds`` (past the client's read timeout), then forward;
+``truncate``      forward, then send the response with its full ``Content-Length``
+                  but only half its body, and close the connection.
+
+Modes (until changed, for every request):
+
+``date_offset``   seconds added to the ``Date`` header of every forwarded response
+                  (a service whose clock is that far ahead of ours);
+``strip_conditions()`` remove ``If-None-Match`` / ``If-Match`` before forwarding
+                  (a service that ignores conditional writes). SigV4 signs those
+                  headers, so the request is re-signed with the credentials given
+                  to :class:`FaultProxy` (SeaweedFS verifies signatures).
 """
 
 from __future__ import annotations
 
+import email.utils
 import http.client
 import socket
 import socketserver
@@ -44,6 +56,10 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import BinaryIO
 from urllib.parse import urlparse
+
+from botocore.auth import S3SigV4Auth
+from botocore.awsrequest import AWSRequest
+from botocore.credentials import Credentials
 
 __all__ = ["Fault", "FaultProxy", "SeenRequest"]
 
@@ -60,6 +76,8 @@ _HOP_BY_HOP = frozenset(
         "content-length",  # recomputed from the bytes actually sent
     }
 )
+_CONDITIONS = frozenset({"if-none-match", "if-match"})
+_SIGNATURE = frozenset({"authorization", "x-amz-date", "x-amz-content-sha256"})
 _ERRORS = {
     500: "InternalError",
     501: "NotImplemented",
@@ -124,6 +142,7 @@ class _Handler(socketserver.BaseRequestHandler):
                     sock.sendall(b"HTTP/1.1 100 Continue\r\n\r\n")
                 body = _read_body(rfile, headers)
                 fault = proxy._take(method, target)
+                forwarded = proxy._conditions_applied(method, target, list(headers.items()), body)
                 proxy._record(
                     SeenRequest(
                         method, target, dict(headers.items()), body, fault.kind if fault else None
@@ -144,7 +163,7 @@ class _Handler(socketserver.BaseRequestHandler):
                         )
                     try:
                         status, reason, resp_headers, data = _forward(
-                            upstream, method, target, headers.items(), body
+                            upstream, method, target, forwarded, body
                         )
                     except (OSError, http.client.HTTPException):
                         upstream.close()
@@ -152,6 +171,10 @@ class _Handler(socketserver.BaseRequestHandler):
                         _send_error(sock, 502, "BadGateway")
                         return
                     if fault is not None and fault.kind == "drop_after":
+                        return
+                    resp_headers = proxy._dated(resp_headers)
+                    if fault is not None and fault.kind == "truncate":
+                        _send_response(sock, method, status, reason, resp_headers, data, half=True)
                         return
                     _send_response(sock, method, status, reason, resp_headers, data)
                 if headers.get("Connection", "").lower() == "close":
@@ -218,6 +241,8 @@ def _send_response(
     reason: str,
     headers: list[tuple[str, str]],
     data: bytes,
+    *,
+    half: bool = False,
 ) -> None:
     bodyless = method == "HEAD" or status in (204, 304) or 100 <= status < 200
     lines = [f"HTTP/1.1 {status} {reason}"]
@@ -229,7 +254,7 @@ def _send_response(
     if not bodyless:
         lines.append(f"Content-Length: {len(data)}")
     head = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
-    sock.sendall(head + (b"" if bodyless else data))
+    sock.sendall(head + (b"" if bodyless else data[: len(data) // 2] if half else data))
 
 
 def _send_error(sock: socket.socket, status: int, code: str) -> None:
@@ -257,7 +282,9 @@ def _hard_close(sock: socket.socket) -> None:
 class FaultProxy:
     """A threaded reverse proxy to one loopback upstream, with a queue of faults."""
 
-    def __init__(self, upstream_url: str) -> None:
+    def __init__(self, upstream_url: str, credentials: tuple[str, str, str] | None = None) -> None:
+        """Front ``upstream_url``; ``credentials`` (access key, secret, region) re-sign
+        requests whose condition headers :meth:`strip_conditions` removes."""
         parsed = urlparse(upstream_url)
         host = parsed.hostname or ""
         if parsed.scheme != "http" or host not in ("127.0.0.1", "localhost", "::1"):
@@ -266,6 +293,9 @@ class FaultProxy:
             )
         self.upstream_host = host
         self.upstream_port = parsed.port or 80
+        self.credentials = credentials
+        self.date_offset = 0.0
+        self._strip = False
         self.counts: Counter[str] = Counter()
         self.seen: list[SeenRequest] = []
         self._faults: list[Fault] = []
@@ -349,6 +379,15 @@ class FaultProxy:
     ) -> None:
         self.inject(Fault("delay", method, key, seconds=seconds), times)
 
+    def truncate(self, method: str | None = "GET", key: str | None = None, times: int = 1) -> None:
+        self.inject(Fault("truncate", method, key), times)
+
+    def strip_conditions(self, on: bool = True) -> None:
+        """From now on, forward PUTs and DELETEs without If-None-Match / If-Match."""
+        if on and self.credentials is None:
+            raise ValueError("strip_conditions() re-signs requests: give FaultProxy credentials")
+        self._strip = on
+
     def pending(self) -> int:
         """How many queued faults have not been consumed yet."""
         with self._lock:
@@ -367,6 +406,31 @@ class FaultProxy:
             raise TimeoutError(f"faultproxy still forwarding after {timeout}s")
 
     # -- internals used by the handler -----------------------------------------
+
+    def _conditions_applied(
+        self, method: str, target: str, headers: list[tuple[str, str]], body: bytes
+    ) -> list[tuple[str, str]]:
+        if not self._strip or not any(n.lower() in _CONDITIONS for n, _ in headers):
+            return headers
+        assert self.credentials is not None
+        access_key, secret_key, region = self.credentials
+        kept = [(n, v) for n, v in headers if n.lower() not in _CONDITIONS | _SIGNATURE]
+        host = {n.lower(): v for n, v in headers}.get("host", "")
+        request = AWSRequest(method=method, url=f"http://{host}{target}", data=body)
+        for name, value in kept:
+            request.headers[name] = value
+        S3SigV4Auth(Credentials(access_key, secret_key), "s3", region).add_auth(request)
+        return list(request.headers.items())
+
+    def _dated(self, headers: list[tuple[str, str]]) -> list[tuple[str, str]]:
+        if not self.date_offset:
+            return headers
+
+        def shifted(value: str) -> str:
+            when = email.utils.parsedate_to_datetime(value).timestamp() + self.date_offset
+            return email.utils.formatdate(when, usegmt=True)
+
+        return [(n, shifted(v) if n.lower() == "date" else v) for n, v in headers]
 
     def _take(self, method: str, path: str) -> Fault | None:
         with self._lock:

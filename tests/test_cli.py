@@ -24,8 +24,10 @@ from typing import Any
 import pytest
 
 import durable_steps as ds
+from durable_steps import _checkpoint as ckpt
 from durable_steps.testing import CrashingStore, SimulatedCrash
 from tests.conftest import StoreTarget
+from tests.storetools import rewrite_header
 
 LOCAL_AND_MOTO = [
     pytest.param("local", id="local"),
@@ -341,10 +343,10 @@ def test_resolve_refusals(runs: Runs) -> None:
         nothing = cli(runs.target, "resolve", run, "--fired")
         assert nothing.returncode == 4
         assert f"(status {status}); nothing to resolve" in one_error_line(nothing)
-    # The default in_doubt="refire" policy leaves a crashed run 'running' (stopped: its
-    # owner is gone) with its intent; only a live owner needs --force (test_live_run_...).
+    # A crash after the intent leaves the run 'running' (its owner gone) with the intent:
+    # in doubt; only a live owner needs --force (test_live_run_...).
     runs.crash("stop-1", after_write=3, name="refund")
-    assert rows(cli(runs.target, "ls", "-w", "refund").stdout)["refund/stop-1"][0] == "stopped"
+    assert rows(cli(runs.target, "ls", "-w", "refund").stdout)["refund/stop-1"][0] == "in-doubt"
     resolved = cli(runs.target, "resolve", "refund/stop-1", "--fired")
     assert resolved.returncode == 0, resolved.stderr
     assert runs.workflow(name="refund").run("stop-1")["receipt"] is True
@@ -382,6 +384,133 @@ def test_rm_deletes_only_checkpoints_and_guards_in_doubt_runs(runs: Runs) -> Non
     assert all(runs.exists(key) for key in [*JUNK, "pay/copy-1/checkpoint"])
     assert runs.exists("pay/doubt-1/checkpoint")
     assert runs.exists("mail/fail-1/checkpoint")
+
+
+# -- a crash with the intent written ----------------------------------------------
+
+
+def next_line(proc: Any) -> str:
+    """The ``next:`` line of ``show``."""
+    [line] = [line for line in proc.stdout.splitlines() if line.startswith("next: ")]
+    return str(line)
+
+
+@pytest.mark.parametrize("durable_target", ["local"], indirect=True)
+def test_a_crash_with_a_pending_intent_is_in_doubt_and_show_follows_the_policy(
+    runs: Runs,
+) -> None:
+    """A run that crashed with its intent written (status running, no live owner) is
+    in-doubt in ls, ls --status in-doubt and show; show's advice follows intent["policy"].
+    """
+    runs.crash("lost-1", after_write=3)  # the intent of 'charge' (in_doubt="raise") is written
+    table = rows(cli(runs.target, "ls").stdout)
+    assert table["pay/lost-1"][:3] == ["in-doubt", "charge", "(2/3)"]
+    assert table["pay/crash-1"][0] == "stopped"  # crashed with nothing in doubt
+    doubt = cli(runs.target, "ls", "--status", "in-doubt")
+    assert sorted(rows(doubt.stdout)) == ["pay/doubt-1", "pay/lost-1"]
+    assert list(rows(cli(runs.target, "ls", "-s", "stopped").stdout)) == ["pay/crash-1"]
+    entry = [
+        e for e in json.loads(cli(runs.target, "ls", "--json").stdout) if e["run"] == "pay/lost-1"
+    ]
+    assert entry[0]["status"] == "in_doubt"
+    shown = cli(runs.target, "show", "pay/lost-1")
+    assert shown.stdout.startswith("pay/lost-1  in-doubt")
+    assert "re-fires" not in shown.stdout  # its policy is raise: a rerun stops
+    assert "StepInDoubt" in next_line(shown)
+    assert cli(runs.target, "rm", "pay/lost-1").returncode == 4
+
+    key = "pay/lost-1/checkpoint"
+    found = runs.store.get(key)
+    assert found is not None
+    intent = {k: v for k, v in ckpt.decode(found[0], where=key)[0].intent.items() if k != "policy"}
+    advice = {
+        "raise": "a rerun stops with StepInDoubt until you say what happened: ask the service",
+        "refire": "a rerun fires it again with the same key (the service can drop a duplicate)",
+        "reconcile": "a rerun first asks the step's reconcile hook whether it went through",
+    }
+    for policy, text in advice.items():
+        rewrite_header(runs.store, key, intent={**intent, "policy": policy})
+        shown = cli(runs.target, "show", "pay/lost-1")
+        assert re.search(rf"policy\s+{policy}\n", shown.stdout), shown.stdout
+        hint = next_line(shown)
+        assert text in hint
+        assert [t for t in advice.values() if t in hint] == [text]
+        assert "resolve pay/lost-1 --fired" in hint
+    rewrite_header(runs.store, key, intent=intent)  # an older checkpoint: no policy recorded
+    shown = cli(runs.target, "show", "pay/lost-1")
+    assert "policy           not recorded (an older checkpoint)" in shown.stdout
+    hint = next_line(shown)
+    assert "depends on the step's policy, which this checkpoint does not record" in hint
+    assert all(p in hint for p in ("in_doubt='refire'", "reconcile hook", "in_doubt='raise'"))
+    rewrite_header(runs.store, key, intent={**intent, "policy": "raise"})
+    with pytest.raises(ds.StepInDoubt):  # what show said: the rerun stops
+        runs.workflow().run("lost-1")
+    assert runs.charges == []
+
+
+# -- a bare run id --------------------------------------------------------------
+
+
+def test_a_bare_run_id_names_the_one_run_that_has_it(runs: Runs) -> None:
+    """show, resolve and rm take a bare RUN_ID that one run has; several: exit 2 naming
+    them all (nothing done); none: exit 3.
+    """
+    shown = cli(runs.target, "show", "doubt-1")
+    assert shown.returncode == 0, shown.stderr
+    assert shown.stdout.startswith("pay/doubt-1  in-doubt")
+    resolved = cli(runs.target, "resolve", "doubt-1", "--not-fired")
+    assert resolved.returncode == 0, resolved.stderr
+    assert resolved.stdout.startswith("resolved pay/doubt-1: step 'charge'")
+    removed = cli(runs.target, "rm", "done-1")
+    assert removed.returncode == 0, removed.stderr
+    assert "deleted pay/done-1 (completed" in removed.stdout
+    assert not runs.exists("pay/done-1/checkpoint")
+
+    ds.Workflow("mail", store=runs.store, steps=[noop]).run("doubt-1")
+    for args in (
+        ["show", "doubt-1"],
+        ["rm", "doubt-1", "--force"],
+        ["resolve", "doubt-1", "--fired"],
+    ):
+        ambiguous = cli(runs.target, *args)
+        assert ambiguous.returncode == 2, ambiguous.stderr
+        assert "run id 'doubt-1' is ambiguous: 2 runs have it (mail/doubt-1, pay/doubt-1)" in (
+            one_error_line(ambiguous)
+        )
+    assert runs.exists("pay/doubt-1/checkpoint")
+    assert runs.exists("mail/doubt-1/checkpoint")
+    assert cli(runs.target, "show", "mail/doubt-1").returncode == 0  # the full name still works
+    for args in (["show", "nope-1"], ["rm", "nope-1"], ["resolve", "nope-1", "--fired"]):
+        missing = cli(runs.target, *args)
+        assert missing.returncode == 3, missing.stderr
+        assert "no run has the id 'nope-1'" in one_error_line(missing)
+
+
+def test_a_bare_run_id_costs_one_list(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Finding a bare run id is one LIST and no GET: show then reads the one run it found."""
+    from durable_steps.cli import _main
+    from tests.storetools import Wrapped
+
+    store = ds.LocalStore(tmp_path / "store")
+    for name in ("a", "b", "c"):
+        ds.Workflow(name, store=store, steps=[noop]).run(f"{name}-1")
+    calls: list[str] = []
+
+    class Counting(Wrapped):
+        def get(self, key: str) -> tuple[bytes, str] | None:
+            calls.append(f"GET {key}")
+            return super().get(key)
+
+        def list(self, prefix: str) -> Any:
+            calls.append(f"LIST {prefix!r}")
+            return super().list(prefix)
+
+    monkeypatch.setattr(_main, "open_store", lambda url: Counting(store))
+    assert _main.main(["show", "b-1"]) == 0, capsys.readouterr().err
+    assert capsys.readouterr().out.startswith("b/b-1  completed")
+    assert calls == ["LIST ''", "GET b/b-1/checkpoint"]
 
 
 # -- a run a live process owns ----------------------------------------------
@@ -449,12 +578,12 @@ def test_live_run_is_running_until_its_process_dies(
         child.send_signal(signal.SIGKILL)
         child.communicate()
 
-    assert rows(cli(durable_target, "ls").stdout)["live/l-1"][0] == "stopped"
+    assert rows(cli(durable_target, "ls").stdout)["live/l-1"][0] == "in-doubt"
     shown = cli(durable_target, "show", "live/l-1").stdout
-    assert shown.startswith("live/l-1  stopped")
+    assert shown.startswith("live/l-1  in-doubt")
     assert re.search(rf"owner\s+{re.escape(who)} \(gone\)", shown), shown
-    assert "nobody is running it" in shown
-    assert "if it did fire, first `durable-steps resolve live/l-1 --fired`" in shown
+    assert "nobody is running it and 'charge' may have fired" in shown
+    assert "`durable-steps resolve live/l-1 --fired`" in shown
     rm = cli(durable_target, "rm", "live/l-1")
     assert rm.returncode == 4
     assert "in doubt" in one_error_line(rm)  # stopped, but its step may have fired
@@ -512,6 +641,81 @@ def test_prune_failed_keeps_runs_with_a_pending_intent(runs: Runs) -> None:
     assert runs.exists("pay/done-1/checkpoint")
 
 
+# -- tombstones ---------------------------------------------------------------------
+
+
+def put_tombstone(store: ds.Store, workflow: str, run_id: str, completed_at: float) -> None:
+    """What on_complete="delete" leaves of a completed run: status deleted, no state."""
+    steps = ("prepare", "charge", "receipt")
+    header = ckpt.Checkpoint(
+        workflow,
+        run_id,
+        steps,
+        "json",
+        status="deleted",
+        next_step=len(steps),
+        committed=3,
+        created_at=completed_at - 60,
+        updated_at=completed_at,
+    )
+    store.put(ckpt.checkpoint_key(workflow, run_id), ckpt.encode(header, b""))
+
+
+@pytest.mark.parametrize("durable_target", LOCAL_AND_MOTO, indirect=True)
+def test_tombstones_are_listed_explained_removed_and_pruned(runs: Runs) -> None:
+    """A tombstone lists as deleted, show explains it, rm removes it without --force, and
+    prune --completed removes the ones older than --older-than.
+    """
+    now = time.time()
+    put_tombstone(runs.store, "pay", "gone-old", now - 3 * 86400)
+    put_tombstone(runs.store, "pay", "gone-new", now)
+    table = rows(cli(runs.target, "ls").stdout)
+    assert table["pay/gone-old"][:3] == ["deleted", "done", "0"]
+    assert table["pay/gone-new"][:3] == ["deleted", "done", "0"]
+    listed = cli(runs.target, "ls", "--status", "deleted")
+    assert sorted(rows(listed.stdout)) == ["pay/gone-new", "pay/gone-old"]
+    entries = json.loads(cli(runs.target, "ls", "-s", "deleted", "--json").stdout)
+    assert {(e["status"], e["next_step"]) for e in entries} == {("deleted", None)}
+
+    shown = cli(runs.target, "show", "pay/gone-old", "--state")
+    assert shown.returncode == 0, shown.stderr
+    out = shown.stdout
+    assert out.startswith("pay/gone-old  deleted")
+    assert "finished in iteration 0" in out
+    assert "a tombstone: the state was deleted when the run completed" in out
+    when = time.strftime("%Y-%m-%d %H:%M", time.localtime(now - 3 * 86400))
+    assert f"next: completed and its state deleted at {when}" in out
+    assert "a rerun of this id returns None and runs nothing" in out
+    assert "`durable-steps rm pay/gone-old` frees the id for a new run" in out
+    assert "state\nnone: deleted when the run completed" in out
+    doc = json.loads(cli(runs.target, "show", "pay/gone-old", "--json", "--state").stdout)
+    assert (doc["header"]["status"], doc["header"]["size"], doc["state"]) == ("deleted", 0, None)
+    nothing = cli(runs.target, "resolve", "pay/gone-old", "--fired")
+    assert nothing.returncode == 4
+    assert "(status deleted); nothing to resolve" in one_error_line(nothing)
+
+    dry = cli(runs.target, "prune", "--completed", "--older-than", "1d")
+    assert dry.returncode == 0, dry.stderr
+    assert [line.split()[:3] for line in dry.stdout.splitlines()[2:-1]] == [
+        ["pay", "gone-old", "deleted"]
+    ]
+    pruned = cli(runs.target, "prune", "--completed", "--older-than", "1d", "--yes")
+    assert pruned.returncode == 0, pruned.stderr
+    assert pruned.stdout.splitlines()[0].startswith("deleted pay/gone-old (deleted")
+    assert not runs.exists("pay/gone-old/checkpoint")
+    assert runs.exists("pay/gone-new/checkpoint")  # younger than a day
+    assert runs.exists("pay/done-1/checkpoint")
+    failed_only = cli(runs.target, "prune", "--failed", "--older-than", "0s", "--yes")
+    assert "gone-new" not in failed_only.stdout  # a tombstone is a completed run's
+    assert runs.exists("pay/gone-new/checkpoint")
+
+    removed = cli(runs.target, "rm", "pay/gone-new")  # no --force: nothing is lost
+    assert removed.returncode == 0, removed.stderr
+    assert "deleted the tombstone of pay/gone-new" in removed.stdout
+    assert "the id is free for a new run" in removed.stdout
+    assert not runs.exists("pay/gone-new/checkpoint")
+
+
 # -- errors, usage, configuration --------------------------------------------
 
 
@@ -520,7 +724,8 @@ def test_prune_failed_keeps_runs_with_a_pending_intent(runs: Runs) -> None:
 def test_errors_are_one_line_with_meaningful_exit_codes(runs: Runs, tmp_path: Path) -> None:
     """Bad input exits 2, a missing run 3, an unreadable checkpoint 1: one line each."""
     cases = [
-        (["show", "no-slash"], 2, "WORKFLOW/RUN_ID"),
+        (["show", "no-slash"], 3, "no run has the id 'no-slash'"),
+        (["show", ".hidden"], 2, "invalid run id"),
         (["show", "pay/../x"], 2, "invalid run id"),
         (["prune", "--completed", "--older-than", "7 days"], 2, "invalid duration"),
         (["prune", "--older-than", "7d"], 2, "--completed and/or --failed"),
@@ -625,10 +830,9 @@ def test_colour_only_when_asked_and_never_with_no_color(runs: Runs) -> None:
     assert "\x1b[31mfailed" in painted.stdout
     assert "\x1b[33min-doubt" in painted.stdout
     assert "\x1b[35mstopped" in painted.stdout
-    # Colour never shifts the columns: stripped of escapes, the text is the plain one
-    # (the ages aside: a second may pass between the two commands on a busy machine).
+    # Colour never shifts the columns: stripped of escapes, the text is the plain one.
     plain = cli(runs.target, "ls", "--color", "never").stdout
-    ages = re.compile(r"just now|\d+[smhdw] ago")
+    ages = re.compile(r"just now|\d+[smhdw] ago")  # a second may pass between the two
     assert ages.sub("AGE", _strip_ansi(painted.stdout)).split() == ages.sub("AGE", plain).split()
     env = {"NO_COLOR": "1"}
     assert "\x1b[" not in cli(runs.target, "show", "mail/fail-1", env=env).stdout
@@ -651,3 +855,103 @@ def test_ls_age_and_size_are_human(runs: Runs) -> None:
     assert cells[-4:-2] == ["just", "now"]
     assert re.fullmatch(r"3\.\d", cells[-2])
     assert cells[-1] == "KB"
+
+
+# -- stored text never reaches the terminal raw ---------------------------------
+
+# Clear screen, 8-bit CSI, CR, BEL, DEL, NUL, and a lone surrogate (which cannot be encoded).
+HOSTILE = "x\x1b[2J\x9b31m\rgotcha\x07\x7f\x00\ud800"
+RAW_CONTROL = re.compile("[\x00-\x09\x0b-\x1f\x7f-\x9f]")  # every control but the newline
+
+
+def hostile_checkpoint(workflow: str, run_id: str, **fields: Any) -> bytes:
+    """A decodable checkpoint whose step names, error, owner host, intent and state hold
+    terminal escapes (as a buggy or malicious writer could store them).
+    """
+    now = time.time()
+    step = f"charge{HOSTILE}"
+    error = {"step": step, "iteration": 0, "type": f"E{HOSTILE}", "message": HOSTILE}
+    values: dict[str, Any] = {
+        "next_step": 1,
+        "intent": {"step": step, "index": 1, "iteration": 0, "key": f"ds-{HOSTILE}", "at": now},
+        "error": {**error, "attempts": 1, "at": now},
+        "history": ((f"prepare{HOSTILE}", 0, 1, 5, int(now)),),
+        **fields,
+    }
+    header = ckpt.Checkpoint(workflow, run_id, ("prepare", step), "json", **values)
+    return ckpt.encode(header, json.dumps({"note": HOSTILE, "multi": "a\nb"}).encode())
+
+
+@pytest.mark.parametrize("durable_target", ["local"], indirect=True)
+def test_stored_control_characters_are_escaped_in_human_output(
+    durable_target: StoreTarget,
+) -> None:
+    """Escapes stored in headers, states and keys are printed escaped by every command
+    (the terminal never obeys them); --json keeps them exact.
+    """
+    store = durable_target.open()
+    live = {"host": f"elsewhere{HOSTILE}", "pid": 7, "token": "t", "until": time.time() + 600}
+    store.put("evil/live-1/checkpoint", hostile_checkpoint("evil", "live-1", owner=live))
+    store.put("evil/doubt-1/checkpoint", hostile_checkpoint("evil", "doubt-1", status="in_doubt"))
+    store.put("evil/other/checkpoint", hostile_checkpoint("evil", f"other{HOSTILE}"))
+    # A header whose status is garbage: corrupt, but rm --force must still name it.
+    bad = hostile_checkpoint("evil", "bad-1").replace(b'"running"', b'"\\u001b[2J"', 1)
+    store.put("evil/bad-1/checkpoint", bad)
+    # A key (here: directory names) holding escapes, with a completed run inside.
+    odd_wf, odd_run = "w\x1b[2J", "r\r\x9b"
+    done = hostile_checkpoint(odd_wf, odd_run, status="completed", next_step=2, intent=None)
+    odd = Path(durable_target.url, odd_wf, odd_run)
+    odd.mkdir(parents=True)
+    (odd / "checkpoint").write_bytes(done)
+    store.close()
+
+    outputs = {
+        "ls": cli(durable_target, "ls"),
+        "show": cli(durable_target, "show", "evil/live-1", "--state", "--color", "always"),
+        "show-doubt": cli(durable_target, "show", "evil/doubt-1"),
+        "show-other": cli(durable_target, "show", "evil/other"),
+        "rm-live": cli(durable_target, "rm", "evil/live-1"),
+        "resolve-live": cli(durable_target, "resolve", "evil/live-1", "--fired"),
+        "rm-doubt": cli(durable_target, "rm", "evil/doubt-1"),
+        "resolve": cli(durable_target, "resolve", "evil/doubt-1", "--fired"),
+        "rm-bad": cli(durable_target, "rm", "evil/bad-1", "--force"),
+        "prune-dry": cli(durable_target, "prune", "--completed", "--older-than", "0s"),
+        "prune": cli(durable_target, "prune", "--completed", "--older-than", "0s", "--yes"),
+    }
+    for what, proc in outputs.items():
+        # --color always: the only escapes left are the colours the CLI adds itself.
+        text = re.sub(r"\x1b\[[0-9;]*m", "", proc.stdout + proc.stderr)
+        assert not RAW_CONTROL.search(text), (what, text)
+    assert [outputs[w].returncode for w in outputs] == [0, 0, 0, 1, 4, 4, 4, 0, 0, 0, 0]
+
+    escaped = r"x\x1b[2J\x9b31m\rgotcha\x07\x7f\x00\ud800"
+    show = _strip_ansi(outputs["show"].stdout)
+    assert f"elsewhere{escaped}:7 (lease ends in" in show
+    assert f"E{escaped}: {escaped}" in show
+    assert f"prepare -> charge{escaped}" in show
+    assert f"idempotency key  ds-{escaped}" in show
+    # The state stays JSON (all escaped the JSON way) laid out on several lines.
+    state = json.loads(show.partition("\nstate\n")[2])
+    assert state == {"note": HOSTILE, "multi": "a\nb"}
+    assert f"prepare{escaped}" in outputs["show-doubt"].stdout
+    one_line = escaped.replace(r"\r", " ")  # an error is one line: its whitespace is collapsed
+    assert f"(evil/other{one_line})" in one_error_line(outputs["show-other"])
+    assert f"elsewhere{one_line}" in one_error_line(outputs["rm-live"])
+    assert f"elsewhere{one_line}" in one_error_line(outputs["resolve-live"])
+    assert f"ds-{one_line}" in one_error_line(outputs["rm-doubt"])
+    assert f"key ds-{escaped}" in outputs["resolve"].stdout
+    assert r"deleted evil/bad-1 (\x1b[2J" in outputs["rm-bad"].stdout
+    assert r"w\x1b[2J  r\r\x9b" in outputs["ls"].stdout
+    assert r"deleted w\x1b[2J/r\r\x9b (completed" in outputs["prune"].stdout
+
+    # --json is exact: the same strings come back, escaped only as JSON escapes them.
+    for args in (("show", "evil/doubt-1", "--json", "--state"), ("ls", "--json")):
+        proc = cli(durable_target, *args)
+        assert not RAW_CONTROL.search(proc.stdout), args
+        doc = json.loads(proc.stdout)
+        header = doc["header"] if args[0] == "show" else doc[0]
+        assert header["error"]["message"] == HOSTILE
+        assert header["intent"]["key"] == f"ds-{HOSTILE}"
+    doc = json.loads(cli(durable_target, "show", "evil/live-1", "--json", "--state").stdout)
+    assert doc["header"]["owner"]["host"] == f"elsewhere{HOSTILE}"
+    assert doc["state"] == {"note": HOSTILE, "multi": "a\nb"}

@@ -55,7 +55,10 @@ def test_no_retry_after_the_heartbeat_lost_the_run() -> None:
         if ctx.attempt == 1:
             found = store.get(key)  # another process takes the run over
             assert found is not None
-            store.put(key, found[0], match=found[1])
+            header, payload = ckpt.decode(found[0], where="test")
+            assert header.owner is not None
+            rival = header.replace(owner={**header.owner, "token": "another-process"})
+            store.put(key, ckpt.encode(rival, payload), match=found[1])
             time.sleep(0.5)  # the heartbeat is refused meanwhile
             raise TimeoutError("upstream slow")
 

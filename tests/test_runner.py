@@ -135,19 +135,39 @@ def test_completed_run_reruns_nothing(store: ds.Store, run: Runner) -> None:
     assert calls == ["bump"]
 
 
-def test_on_complete_delete_removes_checkpoint(store: ds.Store, run: Runner) -> None:
-    """on_complete='delete' removes the checkpoint; a rerun starts over."""
-    calls: list[int] = []
+def _tombstone(store: ds.Store, workflow: str, run_id: str) -> ckpt.Checkpoint:
+    found = store.get(ckpt.checkpoint_key(workflow, run_id))
+    assert found is not None
+    header, payload = ckpt.decode(found[0], where="test")
+    assert (header.status, payload, header.owner, header.intent) == ("deleted", b"", None, None)
+    return header
+
+
+def test_on_complete_delete_leaves_a_tombstone(store: ds.Store, run: Runner) -> None:
+    """on_complete='delete' drops the state but keeps a tombstone: a rerun returns None
+    and fires nothing; once the tombstone is removed the id starts a new run with new keys.
+    """
+    keys: list[str] = []
     wf = ds.Workflow("tidy", store=store, on_complete="delete")
 
-    @wf.step()
-    def once(state: dict[str, Any]) -> None:
-        calls.append(1)
+    @wf.step(idempotent=False)
+    def charge(state: dict[str, Any], ctx: ds.Context) -> None:
+        keys.append(ctx.idempotency_key)
+        state["secret"] = "card-4242"
 
+    assert run(wf, "r1", {}) == {"secret": "card-4242"}
+    tomb = _tombstone(store, "tidy", "r1")
+    assert b"card-4242" not in store.get(ckpt.checkpoint_key("tidy", "r1"))[0]  # type: ignore[index]
+    assert run(wf, "r1", {}) is None
+    assert len(keys) == 1
+    assert not wf.submit("r1", {})  # the id stays taken
+    found = store.get(ckpt.checkpoint_key("tidy", "r1"))
+    assert found is not None
+    store.delete(ckpt.checkpoint_key("tidy", "r1"), match=found[1])  # what `rm` does
     run(wf, "r1", {})
-    assert store.get(ckpt.checkpoint_key("tidy", "r1")) is None
-    run(wf, "r1", {})
-    assert calls == [1, 1]
+    assert len(keys) == 2
+    assert keys[0] != keys[1]
+    assert tomb.run_nonce != _tombstone(store, "tidy", "r1").run_nonce
 
 
 def test_on_complete_delete_after_crash_before_delete(store: ds.Store, run: Runner) -> None:
@@ -158,9 +178,10 @@ def test_on_complete_delete_after_crash_before_delete(store: ds.Store, run: Runn
     run(marking, "r1", {})
     deleting = ds.Workflow("tidy", store=store, on_complete="delete")
     deleting.step(name="once")(lambda s: calls.append(2))
-    run(deleting, "r1")
+    assert run(deleting, "r1") == {}
     assert calls == [1]
-    assert store.get(ckpt.checkpoint_key("tidy", "r1")) is None
+    _tombstone(store, "tidy", "r1")
+    assert run(deleting, "r1") is None
 
 
 def test_step_is_still_a_plain_function() -> None:
@@ -1017,7 +1038,7 @@ def test_progress_display_on_a_terminal_and_in_a_pipe() -> None:
 
 
 def test_on_complete_delete_spares_a_newer_run(store: ds.Store) -> None:
-    """The delete of a completed run is conditional: a run rewritten since then is kept."""
+    """The tombstone of a completed run is conditional: a run rewritten since then is kept."""
     wf = ds.Workflow("tidy2", store=store, on_complete="delete")
     key = ckpt.checkpoint_key("tidy2", "r1")
 
@@ -1025,20 +1046,23 @@ def test_on_complete_delete_spares_a_newer_run(store: ds.Store) -> None:
     def once(state: dict[str, Any]) -> None:
         state["n"] = 1
 
-    class RewriteBeforeDelete:
-        """Another writer rewrites the checkpoint just before our delete arrives."""
+    class RewriteBeforeTombstone:
+        """Another writer rewrites the checkpoint just before our tombstone arrives."""
 
         def __getattr__(self, name: str) -> Any:
             return getattr(store, name)
 
-        def delete(self, k: str, *, match: str | None = None) -> None:
-            data, version = store.get(k)  # type: ignore[misc]
-            store.put(k, data.replace(b'"n":1', b'"n":2'), match=version)
-            store.delete(k, match=match)
+        def put(self, k: str, data: bytes, *, match: str | None = None) -> str:
+            if b'"status":"deleted"' in data:
+                old, version = store.get(k)  # type: ignore[misc]
+                store.put(k, old.replace(b'"n":1', b'"n":2'), match=version)
+            return store.put(k, data, match=match)
 
-    wf.store = RewriteBeforeDelete()  # type: ignore[assignment]
+    wf.store = RewriteBeforeTombstone()  # type: ignore[assignment]
     assert wf.run("r1", {}) == {"n": 1}
-    assert store.get(key) is not None, "the newer checkpoint survived our late delete"
+    found = store.get(key)
+    assert found is not None
+    assert b'"n":2' in found[0], "the newer checkpoint survived our late tombstone"
 
 
 def test_resume_claims_with_its_first_write(store: ds.Store) -> None:

@@ -7,6 +7,7 @@ tests/faultproxy.py, placed between the client and the real server.
 
 from __future__ import annotations
 
+import time
 import uuid
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -97,8 +98,9 @@ FINAL = {"log": ["plan0", "pay0", "draft0", "plan1", "pay1", "draft1"], "passes"
 def test_request_budget_over_the_wire(server: S3Server, bucket: str) -> None:
     """1 PUT per idempotent step, 2 per non-idempotent, 1 to create; resume: 1 GET, no LIST."""
     client = server.client()
-    wire = Wire(client)
     store = ds.S3Store(bucket, f"budget-{uuid.uuid4().hex[:8]}", client=client)
+    store.check_conditional_writes()  # once per process and bucket, not per run
+    wire = Wire(client)
     ledger: list[tuple[int, str]] = []
 
     assert agent(store, ledger, set()).run("fresh", {"log": [], "passes": 0}) == FINAL
@@ -121,6 +123,25 @@ def test_request_budget_over_the_wire(server: S3Server, bucket: str) -> None:
     assert sum(op == "PutObject" for op, _ in wire.everything) == 9 + 8 + 1
     assert wire.unconditional_puts() == 0
     assert len({key for _, key in ledger}) == 4  # two runs x two passes, one key each
+
+
+def test_probe_is_paid_once_per_process_and_bucket(server: S3Server) -> None:
+    """The conditional-write probe costs 2 PUT + 1 DELETE before the first write to a bucket,
+    nothing for later stores on it, and a new run after it still costs 1 GET + its PUTs."""
+    bucket = server.make_bucket()
+    client = server.client()
+    wire = Wire(client)
+    first = ds.S3Store(bucket, "a", client=client)
+    assert wire.counts() == {}  # nothing at construction: a read-only store never probes
+    ledger: list[tuple[int, str]] = []
+    assert agent(first, ledger, set()).run("r", {"log": [], "passes": 0}) == FINAL
+    assert wire.counts() == {"PUT": 2 + 1 + 2 * 4, "DeleteObject": 1, "GET": 1}
+    wire.reset()
+    second = ds.S3Store(bucket, "b", client=client)
+    assert agent(second, ledger, set()).run("r", {"log": [], "passes": 0}) == FINAL
+    assert wire.counts() == {"GET": 1, "PUT": 1 + 2 * 4}
+    assert wire.unconditional_puts() == 0
+    client.close()
 
 
 class FaultsBeforeWrites:
@@ -153,6 +174,8 @@ def test_run_survives_faults_on_every_kind_of_write(
     the run completes with the right state, one payment per key, no false conflict."""
     client = server.client(endpoint_url=proxy.endpoint_url, read_timeout=1.5)
     s3 = ds.S3Store(bucket, f"faults-{uuid.uuid4().hex[:8]}", client=client, sleep=lambda _: None)
+    s3.check_conditional_writes()  # its requests are not the run's: keep the schedule on those
+    proxy.clear()
     # writes: 1 create, 2 plan0, 3 intent pay0, 4 pay0, 5 draft0, 6 plan1, 7 intent pay1, ...
     schedule: dict[int, Callable[[], None]] = {
         1: proxy.drop_after,  # the create landed, its response was lost
@@ -174,3 +197,77 @@ def test_run_survives_faults_on_every_kind_of_write(
     fresh = agent(ds.S3Store(bucket, s3.prefix, client=server.client()), ledger, set())
     assert fresh.run("r1") == FINAL  # completed, and readable by a clean client
     assert len(ledger) == 2
+
+
+def _delete_agent(store: ds.Store, ledger: list[tuple[int, str]]) -> ds.Workflow:
+    wf = agent(store, ledger, set())
+    wf.on_complete = "delete"
+    return wf
+
+
+def test_a_lost_tombstone_answer_never_reports_or_restarts_a_completed_run(
+    server: S3Server, bucket: str, proxy: FaultProxy
+) -> None:
+    """on_complete='delete': the tombstone lands, its answer is lost, the retries get 503.
+    wf.run still returns the final state, and a rerun finds the tombstone and pays nothing."""
+    client = server.client(endpoint_url=proxy.endpoint_url)
+    s3 = ds.S3Store(
+        bucket,
+        f"tomb-{uuid.uuid4().hex[:8]}",
+        client=client,
+        retry_attempts=3,
+        sleep=lambda _: None,
+    )
+
+    def lose_the_answer() -> None:
+        proxy.drop_after()
+        proxy.status(503, times=2)
+
+    ledger: list[tuple[int, str]] = []
+    store = FaultsBeforeWrites(s3, {10: lose_the_answer})  # 9 writes of the run, then the tombstone
+    assert _delete_agent(store, ledger).run("r1", {"log": [], "passes": 0}) == FINAL  # type: ignore[arg-type]
+    assert proxy.pending() == 0
+    clean = ds.S3Store(bucket, s3.prefix, client=server.client())
+    assert _delete_agent(clean, ledger).run("r1", {"log": [], "passes": 0}) is None
+    assert [it for it, _ in ledger] == [0, 1], "no payment fired again"
+
+
+def test_a_stale_create_can_never_bring_a_deleted_run_back(
+    server: S3Server, bucket: str, proxy: FaultProxy
+) -> None:
+    """A create held past the read timeout lands after the run completed and was deleted:
+    the tombstone keeps the key taken, so it is refused and the run does not come back."""
+    client = server.client(endpoint_url=proxy.endpoint_url, read_timeout=1.0)
+    s3 = ds.S3Store(bucket, f"stale-{uuid.uuid4().hex[:8]}", client=client, sleep=lambda _: None)
+    proxy.delay(6.0)  # the first create outlives the read timeout; its retry goes through
+    ledger: list[tuple[int, str]] = []
+    assert _delete_agent(s3, ledger).run("r1", {"log": [], "passes": 0}) == FINAL
+    proxy.wait_idle(timeout=30)  # the held create has been forwarded and answered
+    clean = ds.S3Store(bucket, s3.prefix, client=server.client())
+    assert _delete_agent(clean, ledger).run("r1", {"log": [], "passes": 0}) is None
+    assert [it for it, _ in ledger] == [0, 1], "the deleted run never ran again"
+
+
+def test_a_renewal_that_landed_then_failed_is_no_conflict(
+    server: S3Server, bucket: str, proxy: FaultProxy
+) -> None:
+    """A heartbeat renewal lands, its answer is lost and its retries get 503: the next
+    renewal adopts our own write instead of stopping the run with a false conflict."""
+    client = server.client(endpoint_url=proxy.endpoint_url)
+    s3 = ds.S3Store(
+        bucket,
+        f"renew-{uuid.uuid4().hex[:8]}",
+        client=client,
+        retry_attempts=3,
+        sleep=lambda _: None,
+    )
+
+    def lose_the_answer() -> None:
+        proxy.drop_after()
+        proxy.status(503, times=2)
+
+    store = FaultsBeforeWrites(s3, {2: lose_the_answer})  # 1 create, 2 the first renewal
+    wf = ds.Workflow("renew", store=store, lease=1.5)  # type: ignore[arg-type]  # beat every 0.5 s
+    wf.step(name="slow")(lambda s: time.sleep(2.0))
+    assert wf.run("r1", {}) == {}
+    assert proxy.pending() == 0

@@ -68,9 +68,18 @@ def sleeps() -> list[float]:
     return []
 
 
+def probed(store: S3Store, proxy: FaultProxy | None = None) -> S3Store:
+    """``store`` after its one-time conditional-write probe, so tests count only their own
+    requests and their faults hit their own requests (the probe has tests of its own)."""
+    store.check_conditional_writes()
+    if proxy is not None:
+        proxy.clear()
+    return store
+
+
 @pytest.fixture
 def store(bucket: str, client: Any, sleeps: list[float]) -> S3Store:
-    return S3Store(bucket, "runs/prod", client=client, sleep=sleeps.append)
+    return probed(S3Store(bucket, "runs/prod", client=client, sleep=sleeps.append))
 
 
 @pytest.fixture
@@ -89,8 +98,8 @@ def pclient(server: S3Server, proxy: FaultProxy) -> Iterator[Any]:
 
 
 @pytest.fixture
-def pstore(bucket: str, pclient: Any, sleeps: list[float]) -> S3Store:
-    return S3Store(bucket, "runs/prod", client=pclient, sleep=sleeps.append)
+def pstore(bucket: str, pclient: Any, sleeps: list[float], proxy: FaultProxy) -> S3Store:
+    return probed(S3Store(bucket, "runs/prod", client=pclient, sleep=sleeps.append), proxy)
 
 
 def key() -> str:
@@ -478,7 +487,7 @@ def test_delay_past_read_timeout_is_retried(
     """A PUT stuck past the read timeout (then landing late) is retried without a false conflict."""
     c = server.client(endpoint_url=proxy.endpoint_url, read_timeout=0.5)
     try:
-        store = S3Store(bucket, "slow", client=c, sleep=sleeps.append)
+        store = probed(S3Store(bucket, "slow", client=c, sleep=sleeps.append), proxy)
         k = key()
         proxy.delay(1.5)
         v1 = store.put(k, b"one")
@@ -547,6 +556,7 @@ def test_retries_are_bounded(bucket: str, server: S3Server, proxy: FaultProxy) -
     sleeps: list[float] = []
     try:
         store = S3Store(bucket, client=c, retry_attempts=3, retry_max_wait=0.5, sleep=sleeps.append)
+        probed(store, proxy)
         proxy.slowdown(times=3)
         with pytest.raises(StoreError, match="SlowDown") as info:
             store.put(key(), b"x")
@@ -609,7 +619,7 @@ def test_lost_response_behind_botocore_retries_is_not_a_conflict(
         read_timeout=10,
         retries={"total_max_attempts": 3, "mode": "standard"},
     )
-    store = S3Store(bucket, "runs/prod", client=retrying, sleep=lambda _: None)
+    store = probed(S3Store(bucket, "runs/prod", client=retrying, sleep=lambda _: None), proxy)
     k = key()
     proxy.drop_after()
     v1 = store.put(k, b"ours")

@@ -1,7 +1,9 @@
 """The store conformance suite: every store must pass every test here.
 
-Run against memory, local, and a real SeaweedFS and moto server (see the
-``store`` fixture in conftest). A new store joins by being added there.
+Run against memory, local, a real SeaweedFS and moto server (see the
+``store`` fixture in conftest), and the GCS and Azure emulators (the
+``store_target`` and ``durable_target`` fixtures here add ``CLOUD_KINDS``). A
+new store joins by being added there.
 """
 
 from __future__ import annotations
@@ -14,7 +16,33 @@ from pathlib import Path
 import pytest
 
 import durable_steps as ds
-from tests.conftest import StoreTarget
+from tests.conftest import (
+    CLOUD_KINDS,
+    PERSISTENT_KINDS,
+    STORE_KINDS,
+    StoreTarget,
+    _kind_params,
+    _target,
+)
+
+# Variables that carry a store's configuration to a child process.
+_STORE_ENV_PREFIXES = ("AWS_", "STORAGE_EMULATOR_HOST", "AZURE_STORAGE_")
+
+
+@pytest.fixture(params=_kind_params(STORE_KINDS + CLOUD_KINDS))
+def store_target(request: pytest.FixtureRequest, tmp_path: Path) -> StoreTarget:
+    """Every kind of store, the cloud emulators included."""
+    return _target(request.param, request, tmp_path)
+
+
+@pytest.fixture(
+    params=_kind_params(PERSISTENT_KINDS)
+    # Each of these children pays ~1 s to import the cloud SDK.
+    + [pytest.param(k, marks=[pytest.mark.cloud, pytest.mark.slow]) for k in CLOUD_KINDS]
+)
+def durable_target(request: pytest.FixtureRequest, tmp_path: Path) -> StoreTarget:
+    """Every store a second process can open, the cloud emulators included."""
+    return _target(request.param, request, tmp_path)
 
 
 def _race_in_child(target_url: str, env: dict[str, str], key: str, barrier_dir: str, n: int) -> str:
@@ -123,8 +151,16 @@ class TestStoreConformance:
         version = store.put("wf/r/checkpoint", b"again")
         assert store.get("wf/r/checkpoint") == (b"again", version)
 
-    def test_conditional_delete(self, store: ds.Store) -> None:
+    def test_conditional_delete(self, store: ds.Store, request: pytest.FixtureRequest) -> None:
         """A stale-version delete is refused and keeps the object; the current one deletes."""
+        if "[gcs]" in request.node.name:
+            # GCS refuses a delete whose ifGenerationMatch does not hold (412),
+            # but fake-gcs-server ignores the precondition and deletes;
+            # test_gcs_azure.py pins that and checks that the store sends it.
+            # Strict: this test fails as soon as the emulator enforces it.
+            request.applymarker(
+                pytest.mark.xfail(reason="fake-gcs-server ignores ifGenerationMatch on DELETE")
+            )
         v1 = store.put("wf/r/checkpoint", b"one")
         v2 = store.put("wf/r/checkpoint", b"two", match=v1)
         with pytest.raises(ds.CheckpointConflict):
@@ -174,13 +210,24 @@ class TestStoreConformance:
         )
         assert results.count(True) == 1, results
 
+    def test_clock_skew_is_optional_and_a_number_or_none(self, store: ds.Store) -> None:
+        """clock_skew(), where offered, answers a float or None; on this host's clock 0.0."""
+        clock_skew = getattr(store, "clock_skew", None)
+        if isinstance(store, (ds.LocalStore, ds.MemoryStore)):
+            assert clock_skew is not None
+            assert clock_skew() == 0.0
+        elif clock_skew is not None:
+            store.put("wf/skew/checkpoint", b"a response to measure from")
+            skew = clock_skew()
+            assert skew is None or isinstance(skew, float)
+
 
 def test_create_race_between_processes(durable_target: StoreTarget, tmp_path: Path) -> None:
     """Four processes create one key at once: exactly one wins, on every durable store."""
     n = 4
     barrier_dir = tmp_path / "barrier"
     barrier_dir.mkdir()
-    env = {k: v for k, v in durable_target.child_env().items() if k.startswith("AWS_")}
+    env = {k: v for k, v in durable_target.child_env().items() if k.startswith(_STORE_ENV_PREFIXES)}
     ctx = multiprocessing.get_context("spawn")
     with ctx.Pool(n) as pool:
         results = pool.starmap(
@@ -190,3 +237,40 @@ def test_create_race_between_processes(durable_target: StoreTarget, tmp_path: Pa
     assert sorted(results) == ["lost"] * (n - 1) + ["won"]
     store = durable_target.open()
     assert store.get("wf/prace/checkpoint")[0].startswith(b"writer ")  # type: ignore[index]
+
+
+class Forwarding:
+    """A wrapper that forwards every attribute, like a metrics or fault-injection store."""
+
+    def __init__(self, inner: ds.Store) -> None:
+        self.inner = inner
+        self.calls: list[str] = []
+
+    def __getattr__(self, name: str) -> object:
+        self.calls.append(name)
+        return getattr(self.inner, name)
+
+
+def test_open_store_accepts_a_getattr_forwarding_wrapper() -> None:
+    """A store wrapper that forwards by __getattr__ is a store (refused by isinstance on 3.12+)."""
+    wrapper = Forwarding(ds.MemoryStore())
+    assert ds.open_store(wrapper) is wrapper  # type: ignore[arg-type]
+
+    def bump(state: dict[str, int]) -> dict[str, int]:
+        return {"n": state["n"] + 1}
+
+    wf = ds.Workflow("fwd", steps=[bump], store=wrapper)  # type: ignore[arg-type]
+    assert wf.run("r1", {"n": 1}) == {"n": 2}
+    assert "put" in wrapper.calls
+
+
+@pytest.mark.parametrize(
+    ("candidate", "missing"),
+    [(object(), "get, put, delete, list, close"), (Forwarding(object()), "get, put")],  # type: ignore[arg-type]
+)
+def test_open_store_refuses_what_lacks_store_methods(candidate: object, missing: str) -> None:
+    """An object without callable store methods is refused, naming what it lacks."""
+    if isinstance(candidate, Forwarding):  # a wrapper of something with only some methods
+        candidate.inner = type("Half", (), {"delete": print, "list": print, "close": print})()  # type: ignore[assignment]
+    with pytest.raises(ds.DefinitionError, match=f"lacks callable {missing} "):
+        ds.open_store(candidate)  # type: ignore[arg-type]

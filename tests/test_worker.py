@@ -8,6 +8,7 @@ that every run completed exactly once with one key per payment.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import random
 import signal
@@ -298,6 +299,58 @@ def test_paused_owner_is_fenced_after_takeover(
     assert after == taken, "the straggler clobbered nothing"
     child_pid = str(child.proc.pid)
     assert [e[0] for e in lines(files["log"]) if e[3] == child_pid] == ["fetch"]
+
+
+def test_a_straggler_that_wakes_first_wins_and_the_taker_runs_nothing(
+    durable_target: StoreTarget, files: dict[str, Path], children: list[Child]
+) -> None:
+    """A paused owner past its lease may wake before the taker's first write: the taker
+    claims before running anything, so one of them stops having run nothing (here the taker,
+    since the straggler wrote first), instead of both running the step at once."""
+    child = run_in_child(durable_target, files, children, seconds="2", lease="1.0")
+    child.signal(signal.SIGSTOP)
+    time.sleep(1.6)  # its lease runs out while it cannot renew
+    inner = durable_target.open()
+
+    class WakeAfterRead:
+        """The straggler wakes after our read and commits its step before we go on."""
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(inner, name)
+
+        def get(self, key: str) -> tuple[bytes, str] | None:
+            found = inner.get(key)
+            if child.proc.poll() is None:
+                child.signal(signal.SIGCONT)
+                wait_for(lambda: started(files["log"], "charge", "r1"), what="its commit")
+            return found
+
+    wf = fleet(WakeAfterRead(), lease=30)  # type: ignore[arg-type]
+    with pytest.raises(ds.CheckpointConflict):
+        wf.run("r1")
+    code, err = child.wait()
+    assert code == 0, err
+    assert header(inner, "r1").status == "completed"
+    assert not [e for e in lines(files["log"]) if e[3] == str(os.getpid())], "the taker ran a step"
+    check_ledger(files["ledger"], ["r1"], max_duplicates=0)
+
+
+def test_objects_that_are_no_run_never_stop_a_worker(
+    tmp_path: Path, files: dict[str, Path], caplog: pytest.LogCaptureFixture
+) -> None:
+    """An operator's copy at an invalid run id ('r1 copy', '_tmp') is skipped with a warning,
+    and the worker goes on with the real runs."""
+    store = ds.LocalStore(tmp_path / "store")
+    wf = fleet(store)
+    wf.submit("r1", workerapp.initial_state())
+    data = store.get(ckpt.checkpoint_key("fleet", "r1"))[0]  # type: ignore[index]
+    store.put("fleet/r1 copy/checkpoint", data)
+    store.put("fleet/_tmp/checkpoint", data)
+    with caplog.at_level(logging.WARNING, logger="durable_steps"):
+        report = ds.Worker(wf, poll=0.05).run(until_idle=True)
+    assert report.completed == ["r1"]
+    assert report.errors == []
+    assert "'r1 copy' is not a valid run id" in caplog.text
 
 
 # --- the fleet --------------------------------------------------------------------------

@@ -22,6 +22,18 @@ what keeps a run single-writer.
 Stores are synchronous; the async runner calls them through
 ``asyncio.to_thread``. Implementations must be safe to call from several
 threads.
+
+Any object with callable ``get``, ``put``, ``delete``, ``list`` and ``close``
+is a store (``open_store`` looks them up with ``getattr``, so a wrapper that
+forwards through ``__getattr__`` qualifies).
+
+Optional methods. Callers look these up with ``getattr(store, name, None)``
+and do without when a store lacks them:
+
+* ``clock_skew() -> float | None``: seconds this host's clock is ahead of the
+  store's clock (negative: behind), as measured from the store's most recent
+  response; ``None`` when unknown. Stores on this host's clock (local,
+  memory) return ``0.0``.
 """
 
 from __future__ import annotations
@@ -30,7 +42,10 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
-__all__ = ["ObjectInfo", "Store"]
+__all__ = ["REQUIRED_METHODS", "ObjectInfo", "Store"]
+
+REQUIRED_METHODS = ("get", "put", "delete", "list", "close")
+"""What an object must have, callable, to be a store."""
 
 
 @dataclass(frozen=True)

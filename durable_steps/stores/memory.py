@@ -61,6 +61,10 @@ class MemoryStore:
         for key, (data, version, modified) in snapshot:
             yield ObjectInfo(key, version, len(data), modified)
 
+    def clock_skew(self) -> float:
+        """0.0: the store's clock is this host's."""
+        return 0.0
+
     def close(self) -> None:
         """Nothing to release."""
 

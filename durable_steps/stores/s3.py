@@ -27,41 +27,51 @@ passed in whose botocore retries are on: botocore may then have resent the
 request itself, so the object is read back as for a retry. Two writers that write
 byte-identical checkpoints are indistinguishable this way, which is harmless:
 the object holds exactly what each of them meant to write.
+
+A service that accepts the condition headers but ignores them would let two
+writers overwrite each other silently, so before the first write of a process
+to an endpoint and bucket the store *probes* it: it creates one object under
+``_durable_steps/`` twice with ``If-None-Match: *`` and expects the second
+create to be refused (see :meth:`S3Store.check_conditional_writes`).
 """
 
 from __future__ import annotations
 
+import dataclasses
+import logging
+import os
+import threading
 import time
+import uuid
 import warnings
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, NoReturn, TypeVar
-from urllib.parse import urlparse
+from typing import TYPE_CHECKING, Any, TypeVar
+from urllib.parse import unquote, urlsplit
 
 import boto3
 from botocore.config import Config
-from botocore.exceptions import (
-    BotoCoreError,
-    ClientError,
-    ConnectionClosedError,
-    IncompleteReadError,
-    ReadTimeoutError,
-    ResponseStreamingError,
-    SSLError,
-)
-from botocore.exceptions import ConnectionError as BotocoreConnectionError
-from tenacity import (
-    Retrying,
-    retry_if_exception,
-    stop_after_attempt,
-    wait_random_exponential,
-)
+from botocore.exceptions import ClientError
 
 from durable_steps.errors import (
     CheckpointConflict,
     ConditionalWritesUnsupported,
+    DefinitionError,
     StoreError,
 )
 from durable_steps.stores._protocol import ObjectInfo
+from durable_steps.stores._s3options import S3Options, parse_query, resolve
+from durable_steps.stores._s3wire import (
+    MISSING_KEY_CODES,
+    ProbeVerdicts,
+    botocore_retries,
+    date_skew,
+    error_code,
+    etag_of,
+    http_status,
+    ignores_conditions,
+    unsupported,
+    with_retries,
+)
 
 if TYPE_CHECKING:
     from mypy_boto3_s3 import S3Client
@@ -70,70 +80,13 @@ if TYPE_CHECKING:
 __all__ = ["S3Store"]
 
 T = TypeVar("T")
+logger = logging.getLogger("durable_steps")
 
-# Error codes worth another attempt, whatever their HTTP status.
-_TRANSIENT_CODES = frozenset(
-    {
-        "SlowDown",
-        "Throttling",
-        "ThrottlingException",
-        "ThrottledException",
-        "RequestThrottled",
-        "TooManyRequests",
-        "TooManyRequestsException",
-        "RequestLimitExceeded",
-        "InternalError",
-        "ServiceUnavailable",
-        "RequestTimeout",
-        "ConditionalRequestConflict",  # 409: a concurrent conditional write is in flight
-    }
-)
-_CONNECTION_ERRORS = (
-    BotocoreConnectionError,  # EndpointConnectionError, ConnectTimeoutError, ...
-    ConnectionClosedError,
-    ReadTimeoutError,
-    ResponseStreamingError,
-    IncompleteReadError,
-)
-_MISSING_KEY_CODES = frozenset({"NoSuchKey", "NotFound", "404"})
-
-
-def _code(exc: ClientError) -> str:
-    return str(exc.response.get("Error", {}).get("Code", ""))
-
-
-def _status(exc: ClientError) -> int:
-    return int(exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0))
-
-
-def _botocore_retries(client: S3Client) -> bool:
-    """Whether ``client`` may resend a request by itself (botocore's retries)."""
-    retries = getattr(getattr(client.meta, "config", None), "retries", None) or {}
-    if "total_max_attempts" in retries:
-        return int(retries["total_max_attempts"]) > 1
-    if "max_attempts" in retries:  # counts retries, not attempts
-        return int(retries["max_attempts"]) > 0
-    return True  # botocore's defaults retry
-
-
-def _unsupported(exc: ClientError) -> bool:
-    return _code(exc) == "NotImplemented" or _status(exc) == 501
-
-
-def _is_transient(exc: BaseException) -> bool:
-    if isinstance(exc, ClientError):
-        if _unsupported(exc):
-            return False
-        return _code(exc) in _TRANSIENT_CODES or _status(exc) >= 500 or _status(exc) == 429
-    return isinstance(exc, _CONNECTION_ERRORS) and not isinstance(exc, SSLError)
-
-
-def _ignores_conditions(endpoint_url: str) -> bool:
-    """Whether the endpoint is a service known to ignore If-None-Match/If-Match on PUT."""
-    host = (urlparse(endpoint_url).hostname or "").lower()
-    # GCS's XML/S3 interoperability API: storage.googleapis.com, its regional
-    # and private (PSC) variants.
-    return host.endswith("googleapis.com") and host.startswith("storage")
+# Where the conditional-write probe writes, under the store's prefix: no run
+# id starts with "_", so this can never be a run's checkpoint.
+PROBE_PREFIX = "_durable_steps/probe-"
+# Per process, so many stores on one bucket pay for one probe.
+_verdicts = ProbeVerdicts()
 
 
 class S3Store:
@@ -143,28 +96,49 @@ class S3Store:
     ``s3://agent-checkpoints/prod/k`` and never touches objects outside
     ``prod/``. Without ``client``, one is made from boto3's standard
     configuration (credentials chain, profiles, ``AWS_ENDPOINT_URL_S3`` /
-    ``AWS_ENDPOINT_URL`` for S3-compatible services) with botocore's retries
-    off, ``connect_timeout`` and ``read_timeout`` as given.
+    ``AWS_ENDPOINT_URL`` for S3-compatible services, or ``endpoint_url``) with
+    botocore's retries off and this store's timeouts. The store closes only a
+    client it created.
+
+    Timeouts and retries (each also read from ``DURABLE_STEPS_S3_<NAME>``,
+    e.g. ``DURABLE_STEPS_S3_READ_TIMEOUT=10``, when the argument is not given;
+    ``s3://bucket/prefix?read_timeout=10&retry_attempts=3`` passes them as
+    arguments, see :meth:`from_url`):
+
+    ``connect_timeout`` (5 s), ``read_timeout`` (20 s)
+        for the client this store creates; set them on your own ``client``'s
+        ``Config`` instead (passing both is an error).
+    ``retry_attempts`` (4), ``retry_wait`` (0.5 s), ``retry_max_wait`` (5 s)
+        transient faults (5xx, throttling, ``409 ConditionalRequestConflict``,
+        lost connections, timeouts) are retried up to ``retry_attempts``
+        attempts in all, with full-jitter exponential backoff: the wait before
+        retry ``n`` is random, at most ``min(retry_max_wait, retry_wait *
+        2**(n-1))``. Every retry is logged at WARNING on the ``durable_steps``
+        logger (key, attempt n of N, cause, wait); the last failure raises
+        :class:`~durable_steps.StoreError`.
+
+    So an operation on a service that never answers gives up after at most
+    :attr:`worst_case_seconds`: ``retry_attempts * (connect_timeout +
+    read_timeout)`` plus the backoffs, 103.5 s with the defaults.
 
     When you pass your own ``client``, its botocore retry configuration still
     applies *under* this store's retries (each of our attempts may be several
     of botocore's): for the tightest control create it with
-    ``Config(retries={"total_max_attempts": 1})``. The store closes only a
-    client it created.
+    ``Config(retries={"total_max_attempts": 1})``. ``sleep`` is injectable for
+    tests.
 
     Writes are conditional; see the module docstring for the protocol and for
-    how a write whose response was lost is recognised as our own. Transient
-    faults are retried up to ``retry_attempts`` attempts in all, with full
-    jitter exponential backoff from ``retry_wait`` seconds up to
-    ``retry_max_wait`` seconds (``sleep`` is injectable for tests).
-
-    Services without conditional writes are refused with
+    how a write whose response was lost is recognised as our own. Services
+    without conditional writes are refused with
     :class:`~durable_steps.ConditionalWritesUnsupported`: Backblaze B2 answers
-    ``501 NotImplemented`` to the condition headers, and GCS's S3
-    interoperability endpoint (``storage.googleapis.com``) silently ignores
-    them, so it is refused at construction. ``unsafe_unconditional_writes=True``
-    writes without conditions instead: two processes resuming the same run can
-    then overwrite each other's checkpoints. It warns when the store is made.
+    ``501 NotImplemented`` to the condition headers; GCS's S3 interoperability
+    endpoint (``storage.googleapis.com``) ignores them and is refused at
+    construction; any other service that ignores them is caught by a probe
+    before the first write (:meth:`check_conditional_writes`;
+    ``verify_conditional_writes=False`` skips it).
+    ``unsafe_unconditional_writes=True`` writes without conditions instead: two
+    processes resuming the same run can then overwrite each other's
+    checkpoints. It warns when the store is made.
     """
 
     def __init__(
@@ -173,40 +147,72 @@ class S3Store:
         prefix: str = "",
         *,
         client: S3Client | None = None,
+        endpoint_url: str | None = None,
         unsafe_unconditional_writes: bool = False,
-        retry_attempts: int = 5,
-        retry_wait: float = 0.5,
-        retry_max_wait: float = 5.0,
-        connect_timeout: float = 10.0,
-        read_timeout: float = 60.0,
+        verify_conditional_writes: bool | None = None,
+        retry_attempts: int | None = None,
+        retry_wait: float | None = None,
+        retry_max_wait: float | None = None,
+        connect_timeout: float | None = None,
+        read_timeout: float | None = None,
         sleep: Callable[[float], None] = time.sleep,
     ) -> None:
         if not bucket:
-            raise ValueError("S3Store needs a bucket name")
-        if retry_attempts < 1:
-            raise ValueError("retry_attempts must be at least 1")
+            raise DefinitionError("S3Store needs a bucket name")
+        for_our_client = {
+            "endpoint_url": endpoint_url,
+            "connect_timeout": connect_timeout,
+            "read_timeout": read_timeout,
+        }
+        clashing = [name for name, value in for_our_client.items() if value is not None]
+        if client is not None and clashing:
+            raise DefinitionError(
+                f"S3Store({', '.join(clashing)}=...) configures the client S3Store creates; "
+                "with client=, set it on that client (boto3 Config / endpoint_url) instead"
+            )
+        self.options: S3Options = resolve(
+            {
+                "verify_conditional_writes": verify_conditional_writes,
+                "retry_attempts": retry_attempts,
+                "retry_wait": retry_wait,
+                "retry_max_wait": retry_max_wait,
+                "connect_timeout": connect_timeout,
+                "read_timeout": read_timeout,
+            },
+            os.environ,
+        )
         self.bucket = bucket
         self.prefix = "/".join(part for part in prefix.strip("/").split("/") if part)
         self._base = f"{self.prefix}/" if self.prefix else ""
         self._unsafe = unsafe_unconditional_writes
-        self._attempts = retry_attempts
-        self._wait = retry_wait
-        self._max_wait = retry_max_wait
+        self._verify = self.options.verify_conditional_writes and not unsafe_unconditional_writes
         self._sleep = sleep
         self._owns_client = client is None
         if client is None:
             config = Config(
                 retries={"total_max_attempts": 1, "mode": "standard"},
-                connect_timeout=connect_timeout,
-                read_timeout=read_timeout,
+                connect_timeout=self.options.connect_timeout,
+                read_timeout=self.options.read_timeout,
             )
-            client = boto3.session.Session().client("s3", config=config)
+            client = boto3.session.Session().client("s3", endpoint_url=endpoint_url, config=config)
+        else:  # the timeouts that really apply, for worst_case_seconds
+            theirs = getattr(client.meta, "config", None)
+            self.options = dataclasses.replace(
+                self.options,
+                connect_timeout=getattr(theirs, "connect_timeout", self.options.connect_timeout),
+                read_timeout=getattr(theirs, "read_timeout", self.options.read_timeout),
+            )
         self._client: S3Client = client
         # A client of the user's may retry inside botocore: a write of ours can
         # then land and be refused on botocore's retry, before our own retry
         # logic sees anything, so refusals are checked against the object.
-        self._inner_retries = _botocore_retries(client)
-        endpoint = str(client.meta.endpoint_url)
+        self._inner_retries = botocore_retries(client)
+        self._endpoint = str(client.meta.endpoint_url)
+        self._clock_lock = threading.Lock()
+        self._skew: float | None = None
+        self._events = getattr(client.meta, "events", None)  # absent on test doubles
+        if self._events is not None:
+            self._events.register("after-call.s3", self._on_response)
         if unsafe_unconditional_writes:
             warnings.warn(
                 f"{self!r} writes checkpoints WITHOUT conditions "
@@ -215,18 +221,57 @@ class S3Store:
                 RuntimeWarning,
                 stacklevel=2,
             )
-        elif _ignores_conditions(endpoint):
+        elif ignores_conditions(self._endpoint):
             self.close()
             raise ConditionalWritesUnsupported(
-                f"{endpoint} (GCS's S3 interoperability API) does not reliably honour "
+                f"{self._endpoint} (GCS's S3 interoperability API) does not reliably honour "
                 f"conditional writes (If-None-Match / If-Match), so {self!r} cannot keep a run "
                 "single-writer. Use a service that honours them (AWS S3, R2, MinIO, Ceph, "
                 "SeaweedFS), or accept the risk with S3Store(..., "
                 "unsafe_unconditional_writes=True)."
             )
 
+    @classmethod
+    def from_url(cls, url: str, **kwargs: Any) -> S3Store:
+        """Open ``s3://bucket/prefix?name=value&...``.
+
+        The query takes ``endpoint_url`` and the options of the class
+        docstring (``connect_timeout``, ``read_timeout``, ``retry_attempts``,
+        ``retry_wait``, ``retry_max_wait``, ``verify_conditional_writes``); they
+        win over ``DURABLE_STEPS_S3_*``. An unknown or malformed one is a
+        :class:`~durable_steps.DefinitionError` naming it.
+        """
+        parts = urlsplit(url)
+        if not parts.netloc:
+            raise DefinitionError(f"store URL {url!r} names no bucket: use s3://bucket/prefix")
+        return cls(parts.netloc, unquote(parts.path).strip("/"), **parse_query(url), **kwargs)
+
     def __repr__(self) -> str:
         return f"S3Store('s3://{self.bucket}/{self.prefix}')"
+
+    @property
+    def worst_case_seconds(self) -> float:
+        """The longest one operation takes to give up on a silent service (see above)."""
+        return self.options.worst_case_seconds
+
+    # -- the service's clock ---------------------------------------------------
+
+    def _on_response(self, http_response: Any = None, **_: Any) -> None:
+        skew = date_skew(http_response, time.time())
+        if skew is not None:
+            with self._clock_lock:
+                self._skew = skew
+
+    def clock_skew(self) -> float | None:
+        """Seconds this host's clock is ahead of the service's (negative: behind).
+
+        Measured from the ``Date`` header of the most recent answer (below
+        500) the service gave this store's client: receipt time minus the
+        middle of the stamped second, so within about half a second plus the
+        request's latency. ``None`` before any answer.
+        """
+        with self._clock_lock:
+            return self._skew
 
     # -- helpers ---------------------------------------------------------------
 
@@ -236,60 +281,60 @@ class S3Store:
     def _where(self, full_key: str) -> str:
         return f"s3://{self.bucket}/{full_key}"
 
-    def _retry(self, fn: Callable[[int], T], full_key: str) -> T:
+    def _retry(self, fn: Callable[[int], T], full_key: str, op: str) -> T:
         """Call ``fn(attempt_number)``, retrying transient faults; map the last to StoreError."""
-        retrying = Retrying(
-            stop=stop_after_attempt(self._attempts),
-            wait=wait_random_exponential(multiplier=self._wait, max=self._max_wait),
-            retry=retry_if_exception(_is_transient),
+        return with_retries(
+            fn,
+            op,
+            where=self._where(full_key),
+            bucket=self.bucket,
+            endpoint=self._endpoint,
+            options=self.options,
             sleep=self._sleep,
-            reraise=True,
         )
-        try:
-            for attempt in retrying:
-                with attempt:
-                    return fn(attempt.retry_state.attempt_number)
-        except ClientError as exc:
-            if _is_transient(exc):
-                raise StoreError(
-                    f"S3 kept failing for {self._where(full_key)}: {_code(exc)} "
-                    f"(HTTP {_status(exc)}) after {self._attempts} attempts. The service is "
-                    "unavailable or throttling; rerun later (the run resumes)."
-                ) from exc
-            self._raise_client_error(exc, full_key)
-        except _CONNECTION_ERRORS as exc:
-            raise StoreError(
-                f"cannot reach S3 for {self._where(full_key)} at "
-                f"{self._client.meta.endpoint_url} after {self._attempts} attempts: {exc}. "
-                "Check the endpoint URL and the network; rerun later (the run resumes)."
-            ) from exc
-        except BotoCoreError as exc:  # no credentials, a bad parameter, a failed refresh...
-            raise StoreError(
-                f"S3 request for {self._where(full_key)} failed before it was sent: {exc}. "
-                "Check the AWS configuration (credentials, profile, region)."
-            ) from exc
-        raise AssertionError("unreachable: tenacity either returns or raises")  # pragma: no cover
 
-    def _raise_client_error(self, exc: ClientError, full_key: str) -> NoReturn:
-        code, status = _code(exc), _status(exc)
-        where = self._where(full_key)
-        if code == "NoSuchBucket":
-            hint = (
-                f"the bucket {self.bucket!r} does not exist at {self._client.meta.endpoint_url}: "
-                "check the bucket name, the region and the endpoint (AWS_ENDPOINT_URL_S3)"
-            )
-        elif code in {"InvalidAccessKeyId", "SignatureDoesNotMatch", "ExpiredToken"}:
-            hint = "the credentials were rejected: check the access key, secret and profile"
-        elif code in {"AccessDenied", "AllAccessDisabled"} or status == 403:
-            hint = (
-                f"access denied: the credentials need s3:GetObject, s3:PutObject, "
-                f"s3:DeleteObject and s3:ListBucket on {self.bucket!r}"
-            )
+    # -- the conditional-write probe -------------------------------------------
+
+    def check_conditional_writes(self) -> None:
+        """Make sure the service refuses a create-only write onto an existing object.
+
+        Runs once per process for this endpoint and bucket (the first write
+        calls it): creates ``_durable_steps/probe-<random>`` under the prefix
+        with ``If-None-Match: *``, creates it again, expects the second to be
+        refused, and deletes it (2 PUTs and 1 DELETE). A service that accepts
+        the second create ignores the condition headers, and this raises
+        :class:`~durable_steps.ConditionalWritesUnsupported` (every time, for
+        every store on that bucket). Does nothing with
+        ``verify_conditional_writes=False`` or ``unsafe_unconditional_writes=True``.
+        """
+        if not self._verify:
+            return
+        refusal = _verdicts.get((self._endpoint, self.bucket), self._probe)
+        if refusal is not None:
+            raise ConditionalWritesUnsupported(refusal)
+        self._verify = False  # this store need not look the cache up again
+
+    def _probe(self) -> str | None:
+        probe = f"{PROBE_PREFIX}{uuid.uuid4().hex}"
+        self._put(probe, b"durable_steps conditional-write probe, first create")
+        try:
+            self._put(probe, b"durable_steps conditional-write probe, second create")
+        except CheckpointConflict:
+            refusal = None
         else:
-            hint = "see the cause below"
-        raise StoreError(
-            f"S3 refused a request for {where}: {code} (HTTP {status}); {hint}."
-        ) from exc
+            refusal = (
+                f"the S3 service at {self._endpoint} accepted a second create-only write "
+                f"(If-None-Match: *) of {self._where(self._key(probe))}: it ignores "
+                "conditional writes, so two processes could overwrite each other's "
+                "checkpoints. Use a service that honours them (AWS S3, R2, MinIO, Ceph, "
+                "SeaweedFS), or accept the risk with S3Store(..., "
+                "unsafe_unconditional_writes=True)."
+            )
+        try:
+            self.delete(probe)
+        except StoreError as exc:  # e.g. no s3:DeleteObject: a stray probe object is harmless
+            logger.warning("%r: could not delete the probe object %s: %s", self, probe, exc)
+        return refusal
 
     # -- the Store protocol ----------------------------------------------------
 
@@ -300,18 +345,18 @@ class S3Store:
         def once(_attempt: int) -> tuple[bytes, str] | None:
             return self._get_once(full)
 
-        return self._retry(once, full)
+        return self._retry(once, full, "GET")
 
     def _get_once(self, full: str) -> tuple[bytes, str] | None:
         try:
             response = self._client.get_object(Bucket=self.bucket, Key=full)
         except ClientError as exc:
-            if _code(exc) in _MISSING_KEY_CODES:
+            if error_code(exc) in MISSING_KEY_CODES:
                 return None
             raise
         with response["Body"] as body:
             data = body.read()
-        return data, response["ETag"]
+        return data, etag_of(response, self._where(full))
 
     def put(self, key: str, data: bytes, *, match: str | None = None) -> str:
         """Write ``data`` create-only (``match=None``) or if the ETag is ``match``.
@@ -321,8 +366,14 @@ class S3Store:
         :class:`~durable_steps.ConditionalWritesUnsupported` when the service
         does not implement conditional writes. A retry refused because the
         lost-response attempt before it landed is recognised by reading the
-        object back (see the module docstring).
+        object back (see the module docstring). The first write of the process
+        to this bucket runs :meth:`check_conditional_writes` first.
         """
+        if self._verify:
+            self.check_conditional_writes()
+        return self._put(key, data, match)
+
+    def _put(self, key: str, data: bytes, match: str | None = None) -> str:
         full = self._key(key)
 
         def once(attempt: int) -> str:
@@ -331,18 +382,18 @@ class S3Store:
             except ClientError as exc:
                 if self._unsafe:
                     raise
-                if _unsupported(exc):
+                if unsupported(exc):
                     raise ConditionalWritesUnsupported(
-                        f"the S3 service at {self._client.meta.endpoint_url} does not implement "
-                        f"conditional writes ({_code(exc) or 'HTTP 501'} for "
+                        f"the S3 service at {self._endpoint} does not implement "
+                        f"conditional writes ({error_code(exc) or 'HTTP 501'} for "
                         f"{'If-None-Match' if match is None else 'If-Match'} on "
                         f"{self._where(full)}; Backblaze B2 answers so). Without them two "
                         "processes can overwrite each other's checkpoints. Use a service that "
                         "honours them, or accept the risk with S3Store(..., "
                         "unsafe_unconditional_writes=True)."
                     ) from exc
-                refused = _status(exc) == 412 or _code(exc) == "PreconditionFailed"
-                gone = match is not None and _code(exc) in _MISSING_KEY_CODES
+                refused = http_status(exc) == 412 or error_code(exc) == "PreconditionFailed"
+                gone = match is not None and error_code(exc) in MISSING_KEY_CODES
                 if not (refused or gone):
                     raise
                 if attempt > 1 or self._inner_retries:
@@ -351,12 +402,12 @@ class S3Store:
                         return landed[1]  # our earlier attempt landed; its response was lost
                 raise self._conflict(full, match) from exc
 
-        return self._retry(once, full)
+        return self._retry(once, full, "PUT")
 
     def _put_once(self, full: str, data: bytes, match: str | None) -> str:
         if self._unsafe:
-            return self._client.put_object(Bucket=self.bucket, Key=full, Body=data)["ETag"]
-        if match is None:
+            response = self._client.put_object(Bucket=self.bucket, Key=full, Body=data)
+        elif match is None:
             response = self._client.put_object(
                 Bucket=self.bucket, Key=full, Body=data, IfNoneMatch="*"
             )
@@ -364,7 +415,7 @@ class S3Store:
             response = self._client.put_object(
                 Bucket=self.bucket, Key=full, Body=data, IfMatch=match
             )
-        return response["ETag"]
+        return etag_of(response, self._where(full))
 
     def _conflict(self, full: str, match: str | None) -> CheckpointConflict:
         if match is None:
@@ -395,9 +446,9 @@ class S3Store:
                 else:
                     self._client.delete_object(Bucket=self.bucket, Key=full)
             except ClientError as exc:
-                if _code(exc) in _MISSING_KEY_CODES:
+                if error_code(exc) in MISSING_KEY_CODES:
                     return  # gone already (perhaps by our own attempt whose answer was lost)
-                if conditional and _unsupported(exc):
+                if conditional and unsupported(exc):
                     warnings.warn(
                         f"{self!r}: the service does not implement conditional deletes; "
                         f"deleting {full!r} unconditionally",
@@ -407,7 +458,9 @@ class S3Store:
                     conditional = False
                     self._client.delete_object(Bucket=self.bucket, Key=full)
                     return
-                if conditional and (_status(exc) == 412 or _code(exc) == "PreconditionFailed"):
+                if conditional and (
+                    http_status(exc) == 412 or error_code(exc) == "PreconditionFailed"
+                ):
                     # SeaweedFS refuses If-Match on a missing key with 412 where
                     # AWS says 404: gone is gone, whoever deleted it.
                     if self._get_once(full) is None:
@@ -415,7 +468,7 @@ class S3Store:
                     raise self._conflict(full, match) from exc
                 raise
 
-        self._retry(once, full)
+        self._retry(once, full, "DELETE")
 
     def list(self, prefix: str) -> Iterator[ObjectInfo]:
         """Yield every object whose key (relative to the store) starts with ``prefix``.
@@ -427,7 +480,7 @@ class S3Store:
         full = self._key(prefix)
         token: str | None = None
         while True:
-            page = self._retry(self._list_page(full, token), full)
+            page = self._retry(self._list_page(full, token), full, "LIST")
             for obj in page.get("Contents", []):
                 name = obj.get("Key", "")
                 if not name.startswith(self._base):
@@ -456,5 +509,7 @@ class S3Store:
 
     def close(self) -> None:
         """Close the client if this store created it."""
+        if self._events is not None:
+            self._events.unregister("after-call.s3", self._on_response)
         if self._owns_client:
             self._client.close()

@@ -10,10 +10,10 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from ._workflow import Workflow
-from .errors import DefinitionError
-from .stores import Store
-from .worker import Worker, install_signal_handlers
+from .._workflow import Workflow
+from ..errors import DefinitionError
+from ..stores import Store
+from ..worker import Worker, install_signal_handlers
 
 __all__ = ["register"]
 

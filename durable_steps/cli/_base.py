@@ -1,0 +1,70 @@
+"""What every command shares: exit statuses, the one-line error, argument types."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+from typing import Any
+
+from .. import _checkpoint as ckpt
+from ..errors import DefinitionError
+
+__all__ = [
+    "EXIT_ERROR",
+    "EXIT_NOT_FOUND",
+    "EXIT_OK",
+    "EXIT_REFUSED",
+    "EXIT_USAGE",
+    "PROG",
+    "RUN_HELP",
+    "CommandError",
+    "arg",
+    "run_ref",
+    "workflow_name",
+]
+
+PROG = "durable-steps"
+RUN_HELP = (
+    "the run, as WORKFLOW/RUN_ID (the first two columns of `ls`), or a bare RUN_ID "
+    "that only one run has"
+)
+EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_NOT_FOUND, EXIT_REFUSED = 0, 1, 2, 3, 4
+
+
+class CommandError(Exception):
+    """A failure to report as one line, with the exit status to return."""
+
+    def __init__(self, message: str, code: int = EXIT_ERROR) -> None:
+        super().__init__(message)
+        self.message = message
+        self.code = code
+
+
+def arg(parse: Callable[[str], Any]) -> Callable[[str], Any]:
+    """An argparse ``type`` calling ``parse``; its errors become usage errors."""
+
+    def convert(text: str) -> Any:
+        try:
+            return parse(text)
+        except (ValueError, DefinitionError) as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from exc
+
+    return convert
+
+
+@arg
+def run_ref(text: str) -> tuple[str | None, str]:
+    """``WORKFLOW/RUN_ID`` as validated names; a bare ``RUN_ID`` as ``(None, RUN_ID)``.
+
+    A bare id is looked up in the store by the command (``_runs.locate``).
+    """
+    workflow, sep, run_id = text.partition("/")
+    if not sep:
+        return None, ckpt.validate_name(text, "run id")
+    return ckpt.validate_name(workflow, "workflow name"), ckpt.validate_name(run_id, "run id")
+
+
+@arg
+def workflow_name(text: str) -> str:
+    """A validated workflow name."""
+    return ckpt.validate_name(text, "workflow name")

@@ -1,0 +1,156 @@
+"""``rm`` and ``prune``: deleting runs, and never anything that is not one."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+from .. import _checkpoint as ckpt
+from ..errors import CheckpointConflict
+from ..stores import Store
+from ._base import (
+    EXIT_NOT_FOUND,
+    EXIT_OK,
+    EXIT_REFUSED,
+    EXIT_USAGE,
+    PROG,
+    RUN_HELP,
+    CommandError,
+    arg,
+    run_ref,
+    workflow_name,
+)
+from ._format import Style, echo, human_age, human_size, parse_duration, status_label, table
+from ._runs import RunInfo, find_runs, locate, owner_text, peek_header, run_status
+
+__all__ = ["register"]
+
+
+def _cmd_rm(args: argparse.Namespace, store: Store, style: Style) -> int:
+    workflow, run_id = locate(store, args.run)
+    name, key = f"{workflow}/{run_id}", ckpt.checkpoint_key(workflow, run_id)
+    found = store.get(key)
+    if found is None:
+        raise CommandError(f"run {name} not found (no checkpoint at {key!r})", EXIT_NOT_FOUND)
+    header = peek_header(found[0], workflow, run_id)
+    if header is None:
+        raise CommandError(
+            f"{key!r} is not a durable_steps checkpoint of run {name}; refusing to delete it "
+            "(remove it with your storage's own tools if it is not needed)",
+            EXIT_REFUSED,
+        )
+    status = run_status(str(header.get("status")), header.get("owner"), header.get("intent"))
+    intent = header.get("intent")
+    if not args.force and status == "running":
+        raise CommandError(
+            f"run {name} is being run by {owner_text(header['owner'], status)}: wait for it "
+            "(or stop that process); pass --force to delete it anyway",
+            EXIT_REFUSED,
+        )
+    if not args.force and isinstance(intent, dict):
+        raise CommandError(
+            f"run {name} has step {intent.get('step')!r} in doubt (key {intent.get('key')}): "
+            "deleting the run forgets the key, so a new run would fire it again with a new "
+            f"one. Resolve it (`{PROG} resolve {name} --fired|--not-fired`) or pass --force",
+            EXIT_REFUSED,
+        )
+    store.delete(key, match=found[1])  # refused if the run changed since we looked
+    size = human_size(len(found[0]))
+    if status == "deleted":
+        echo(f"deleted the tombstone of {name} ({size}): the id is free for a new run")
+    else:
+        echo(f"deleted {name} ({status_label(status)}, {size})")
+    return EXIT_OK
+
+
+def _cmd_prune(args: argparse.Namespace, store: Store, style: Style) -> int:
+    # A tombstone is what is left of a completed run (on_complete="delete").
+    wanted = {s for s, on in (("completed", args.completed), ("failed", args.failed)) if on}
+    if args.completed:
+        wanted.add("deleted")
+    if not wanted:
+        raise CommandError("say what to prune: --completed and/or --failed", EXIT_USAGE)
+    now, kept = time.time(), 0
+    chosen: list[tuple[RunInfo, float]] = []
+    for run in find_runs(store, args.workflow):
+        h = run.header
+        if run.problem is not None or h is None or run.status not in wanted:
+            continue
+        age = now - float(h.get("updated_at", now))
+        if age < args.older_than:
+            continue
+        if h.get("intent"):  # deleting it would forget the idempotency key
+            kept += 1
+        else:
+            chosen.append((run, age))
+    if kept:
+        echo(
+            f"{PROG}: keeping {kept} run(s) with a step in doubt; see `{PROG} ls`",
+            stream=sys.stderr,
+        )
+    if not chosen:
+        echo(f"{PROG}: nothing to prune in {args.store_url}", stream=sys.stderr)
+        return EXIT_OK
+    total = human_size(sum(r.size for r, _ in chosen))
+    rows = [
+        [r.workflow, r.run_id, status_label(r.status), human_age(a), human_size(r.size)]
+        for r, a in chosen
+    ]
+    if not args.yes:
+        print(f"would delete {len(chosen)} run{'s' * (len(chosen) != 1)} ({total}):")
+        print("\n".join(table(["WORKFLOW", "RUN", "STATUS", "AGE", "SIZE"], rows, style=style)))
+        print(style.dim("dry run: nothing was deleted; add --yes to delete them"))
+        return EXIT_OK
+    deleted = []
+    for run, _ in chosen:
+        try:
+            store.delete(run.key, match=run.version)
+        except CheckpointConflict:
+            echo(f"{PROG}: kept {run.name}: it changed since it was listed", stream=sys.stderr)
+            continue
+        deleted.append(run)
+        echo(f"deleted {run.name} ({status_label(run.status)}, {human_size(run.size)})")
+    size = human_size(sum(r.size for r in deleted))
+    print(f"deleted {len(deleted)} run{'s' * (len(deleted) != 1)} ({size})")
+    return EXIT_OK
+
+
+def register(command: Callable[..., Any]) -> None:
+    """Add the ``rm`` and ``prune`` subcommands through build_parser's ``command`` factory."""
+    rm = command(
+        "rm",
+        _cmd_rm,
+        "delete one run's checkpoint",
+        "Delete a run's checkpoint object (nothing else). Refused without --force for a "
+        "run a live process owns (status running) or with a step in doubt (the new run "
+        "would fire it with a new idempotency key). A stopped run can be deleted.",
+    )
+    rm.add_argument("run", metavar="RUN", type=run_ref, help=RUN_HELP)
+    rm.add_argument("--force", action="store_true", help="delete even a live-owned or in-doubt run")
+
+    prune = command(
+        "prune",
+        _cmd_prune,
+        "delete old completed (or failed) runs; dry run unless --yes",
+        "Delete the checkpoints of completed (--completed: also the tombstones of runs "
+        "whose state was deleted on completion) and/or failed (--failed) runs "
+        "whose last checkpoint is older than --older-than. Lists them without deleting "
+        "unless --yes. Runs with a pending intent and objects that are not durable_steps "
+        "checkpoints are never deleted.",
+    )
+    prune.add_argument(
+        "--completed", action="store_true", help="prune completed runs and tombstones"
+    )
+    prune.add_argument("--failed", action="store_true", help="prune failed runs")
+    prune.add_argument(
+        "--older-than",
+        type=arg(parse_duration),
+        required=True,
+        metavar="AGE",
+        help="only runs last written this long ago or more: 30m, 12h, 7d, 2w, 0s",
+    )
+    prune.add_argument("--workflow", "-w", type=workflow_name, help="only runs of this workflow")
+    prune.add_argument("--yes", "-y", action="store_true", help="really delete them")

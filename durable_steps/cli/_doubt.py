@@ -1,0 +1,68 @@
+"""``resolve``: telling an in-doubt run whether its step took effect."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from collections.abc import Callable
+from typing import Any
+
+from .. import _resolve
+from ..serializers import SIGNING_KEY_ENV, JSONSerializer, SignedSerializer
+from ..stores import Store
+from ._base import EXIT_OK, EXIT_REFUSED, RUN_HELP, CommandError, run_ref
+from ._format import Style, echo, status_label
+from ._runs import load, locate, run_status
+
+__all__ = ["register"]
+
+
+def _cmd_resolve(args: argparse.Namespace, store: Store, style: Style) -> int:
+    workflow, run_id = locate(store, args.run)
+    header, _, _ = load(store, workflow, run_id)
+    intent = header.intent
+    if intent is None:
+        status = status_label(run_status(header.status, header.owner, intent))
+        raise CommandError(
+            f"run {header.run} has no step in doubt (status {status}); nothing to resolve",
+            EXIT_REFUSED,
+        )
+    # A signed run is verified and re-signed with the key (the inner
+    # serializer plays no part in signing a header).
+    key = os.environ.get(SIGNING_KEY_ENV)
+    signer = SignedSerializer(JSONSerializer(), key) if key else None
+    _resolve.resolve(store, workflow, run_id, fired=args.fired, force=args.force, signer=signer)
+    what = (
+        "fired: the next run counts it as done without calling it"
+        if args.fired
+        else "not fired: the next run fires it again with the same idempotency key"
+    )
+    echo(
+        f"resolved {header.run}: step {intent.get('step')!r} (iteration "
+        f"{intent.get('iteration')}, key {intent.get('key')}) {what}. Rerun the workflow."
+    )
+    return EXIT_OK
+
+
+def register(command: Callable[..., Any]) -> None:
+    """Add the ``resolve`` subcommand through build_parser's ``command`` factory."""
+    resolve = command(
+        "resolve",
+        _cmd_resolve,
+        "tell an in-doubt run whether its step took effect",
+        "Record whether the pending step of an in-doubt run took effect. Check with the "
+        "service it calls, using the idempotency key `show` prints. --fired: the next run "
+        "counts the step as done without calling it. --not-fired: the next run fires it "
+        "again with the same key. The run is not started here: rerun the workflow.",
+    )
+    resolve.add_argument("run", metavar="RUN", type=run_ref, help=RUN_HELP)
+    how = resolve.add_mutually_exclusive_group(required=True)
+    how.add_argument(
+        "--fired", dest="fired", action="store_true", default=None, help="the effect happened"
+    )
+    how.add_argument("--not-fired", dest="fired", action="store_false", help="it did not")
+    resolve.add_argument(
+        "--force",
+        action="store_true",
+        help="resolve even a run a live process owns (only if that process is surely gone)",
+    )

@@ -1,0 +1,396 @@
+"""``ls`` and ``show``: what runs there are, and why one stopped."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pprint
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+from .. import _checkpoint as ckpt
+from .._lease import is_live
+from ..errors import CorruptCheckpoint
+from ..serializers import SIGNING_KEY_ENV, PickleSerializer, Serializer, resolve_serializer
+from ..stores import Store
+from ._base import (
+    EXIT_OK,
+    EXIT_REFUSED,
+    EXIT_USAGE,
+    PROG,
+    RUN_HELP,
+    CommandError,
+    run_ref,
+    workflow_name,
+)
+from ._format import (
+    Style,
+    clean,
+    echo,
+    human_age,
+    human_duration,
+    human_size,
+    json_text,
+    status_label,
+    table,
+    timestamp,
+)
+from ._runs import RunInfo, find_runs, load, locate, owner_text, peek_header, run_status
+
+__all__ = ["describe", "next_hint", "register", "summary"]
+
+_SIGNED = "+hmac-sha256"
+_FINISHED = ("completed", "deleted")  # "deleted": a tombstone, see _cleanup
+
+
+def _next_step(header: dict[str, Any]) -> str | None:
+    """The name of the step an unfinished run resumes at (``None``: done or unknown)."""
+    steps, index = header.get("steps") or [], header.get("next_step")
+    if header.get("status") in _FINISHED or not isinstance(index, int):
+        return None
+    return str(steps[index]) if 0 <= index < len(steps) else None
+
+
+def ls_row(run: RunInfo, now: float) -> list[str]:
+    """The cells of ``run`` in ``ls``: workflow, run, status, step, iteration, age, size."""
+    h = run.header or {}
+    step, updated = _next_step(h), h.get("updated_at")
+    if run.problem is not None:
+        where = "?"
+    elif run.status in _FINISHED:
+        where = "done"
+    else:
+        where = f"{step} ({h['next_step'] + 1}/{len(h['steps'])})" if step else "?"
+    return [
+        run.workflow,
+        run.run_id,
+        status_label(run.status),
+        where,
+        str(h.get("iteration", "?")),
+        human_age(now - float(updated)) if updated is not None else "?",
+        human_size(run.size),
+    ]
+
+
+def state_text(state: Any, serializer: str) -> str:
+    """A state for reading: indented JSON (still exact JSON), or ``pprint`` for a pickle."""
+    if serializer.startswith("json"):
+        return json_text(state)
+    return clean(pprint.pformat(state, sort_dicts=False), newlines=True)
+
+
+def _on_rerun(policy: object) -> str:
+    """What a rerun does about an unresolved intent, by the step's ``in_doubt`` policy
+    (``intent["policy"]``; older checkpoints do not record it).
+    """
+    if policy == "refire":
+        return "a rerun fires it again with the same key (the service can drop a duplicate)"
+    if policy == "reconcile":
+        return (
+            "a rerun first asks the step's reconcile hook whether it went through, and fires "
+            "it again with the same key only if not"
+        )
+    if policy == "raise":
+        return "a rerun stops with StepInDoubt until you say what happened"
+    return (
+        "what a rerun does depends on the step's policy, which this checkpoint does not "
+        "record: in_doubt='refire' (the default) fires it again with the same key; a "
+        "reconcile hook is asked first whether it went through; in_doubt='raise' stops "
+        "with StepInDoubt until you say what happened"
+    )
+
+
+def _doubt(header: ckpt.Checkpoint, intent: dict[str, Any]) -> tuple[str, str]:
+    """``'step' may have fired (key K)``, and how to tell the run whether it did."""
+    step = header.steps[header.next_step] if header.next_step < len(header.steps) else "?"
+    resolve = (
+        "ask the service it calls whether that key went through, then "
+        f"`{PROG} resolve {header.run} --fired` (it did: the rerun skips the step) or "
+        "`--not-fired` (the rerun fires it again with the same key)"
+    )
+    return f"{intent.get('step', step)!r} may have fired (key {intent.get('key')})", resolve
+
+
+def _crashed_hint(header: ckpt.Checkpoint, intent: dict[str, Any], resume: str) -> str:
+    """The advice for a run nobody runs that has an intent, resolved or not."""
+    if intent.get("resolution") is not None:
+        return f"resolved as {intent['resolution']}; {resume} to continue"
+    doubt, resolve = _doubt(header, intent)
+    policy = intent.get("policy")
+    if policy == "raise":
+        return f"nobody is running it and {doubt}: {_on_rerun(policy)}: {resolve}"
+    step = header.steps[header.next_step]
+    return (
+        f"nobody is running it and {doubt}: {_on_rerun(policy)}. To decide yourself, "
+        f"{resolve}. Then {resume} to resume at step {step!r}"
+    )
+
+
+def _finished_hint(header: ckpt.Checkpoint) -> str:
+    """The advice for a completed run, or the tombstone of one."""
+    if header.status == "completed":
+        return (
+            f"nothing left to do; a rerun returns the final state. Delete: {PROG} rm {header.run}"
+        )
+    return (
+        f"completed and its state deleted at {timestamp(header.updated_at)}; a rerun of this "
+        f"id returns None and runs nothing; `{PROG} rm {header.run}` frees the id for a new run"
+    )
+
+
+def next_hint(header: ckpt.Checkpoint) -> str:
+    """What to do about a run, in one sentence (the ``next:`` line of ``show``)."""
+    name = header.run
+    step = header.steps[header.next_step] if header.next_step < len(header.steps) else "?"
+    intent = header.intent or {}
+    doubt, resolve = _doubt(header, intent)
+    if header.status in _FINISHED:
+        return _finished_hint(header)
+    if header.status == "in_doubt":  # the step's in_doubt="raise" policy stopped the run
+        return f"{doubt}: {resolve}, and rerun the workflow"
+    if header.status == "failed":
+        pending = bool(intent) and intent.get("resolution") is None
+        also = f"; {doubt}: if it did, `{PROG} resolve {name} --fired` first" if pending else ""
+        return f"fix the cause, then rerun the workflow: it resumes at step {step!r}{also}"
+    if is_live(header.owner):
+        who = owner_text(header.owner, header.status)
+        return f"it is being run by {who}: wait for it (`{PROG} show {name}` again to follow it)"
+    resume = f"rerun the workflow or `{PROG} worker --app module:workflow`"
+    if intent:
+        return _crashed_hint(header, intent, resume)
+    return (
+        f"nobody is running it (it crashed, was killed or released): {resume} to resume "
+        f"at step {step!r}; to discard it: {PROG} rm {name}"
+    )
+
+
+def _fields(pairs: list[tuple[str, str]], style: Style, red: str = "") -> list[str]:
+    """Aligned ``label  value`` lines; values are cleaned, the one labelled ``red`` painted."""
+    width = max(len(label) for label, _ in pairs)
+    lines = []
+    for label, value in pairs:
+        text = style.paint(clean(value), "red") if label == red else clean(value)
+        lines.append(f"  {style.dim(label.ljust(width))}  {text}")
+    return lines
+
+
+def _state_size(header: ckpt.Checkpoint, payload: bytes) -> str:
+    if header.status == "deleted":
+        return "a tombstone: the state was deleted when the run completed"
+    return f"{human_size(len(payload))} of state"
+
+
+def describe(header: ckpt.Checkpoint, payload: bytes, size: int, style: Style) -> list[str]:
+    now = time.time()
+    n = len(header.steps)
+    if header.status in _FINISHED:
+        where = f"finished in iteration {header.iteration}"
+    else:
+        step = header.steps[header.next_step] if header.next_step < n else "?"
+        where = f"next step {step!r} ({header.next_step + 1} of {n}), iteration {header.iteration}"
+    status = run_status(header.status, header.owner, header.intent)
+    lines = [f"{style.bold(clean(header.run))}  {style.status(status)}"]
+    lines += _fields(
+        [
+            ("position" if status in ("running", *_FINISHED) else "stopped at", where),
+            ("owner", owner_text(header.owner, header.status)),
+            ("committed", f"{header.committed} step commit{'s' * (header.committed != 1)}"),
+            ("steps", " -> ".join(header.steps)),
+            ("serializer", header.serializer),
+            ("size", f"{human_size(size)} ({_state_size(header, payload)})"),
+            ("created", timestamp(header.created_at, now)),
+            ("updated", timestamp(header.updated_at, now)),
+        ],
+        style,
+    )
+    if header.intent:
+        intent = header.intent
+        resolution = intent.get("resolution") or "none yet"
+        lines += ["", style.bold("pending intent")]
+        lines += _fields(
+            [
+                ("step", f"{intent.get('step')} (iteration {intent.get('iteration')})"),
+                ("idempotency key", str(intent.get("key"))),
+                ("written", timestamp(float(intent.get("at", 0)), now)),
+                ("policy", str(intent.get("policy") or "not recorded (an older checkpoint)")),
+                ("resolution", resolution),
+            ],
+            style,
+        )
+    if header.error:
+        err = header.error
+        lines += ["", style.bold("last error")]
+        lines += _fields(
+            [
+                ("step", f"{err.get('step')} (iteration {err.get('iteration')})"),
+                ("error", f"{err.get('type')}: {err.get('message')}"),
+                ("attempts", str(err.get("attempts"))),
+                ("at", timestamp(float(err.get("at", 0)), now)),
+            ],
+            style,
+            red="error",
+        )
+    if header.history:
+        rows = [
+            [
+                str(s),
+                str(i),
+                str(a),
+                human_duration(int(millis) / 1000) if a else "not run (resolved)",
+                human_age(now - float(at)),
+            ]
+            for s, i, a, millis, at in header.history
+        ]
+        lines += ["", style.bold("recent steps (oldest first)")]
+        headers = ["STEP", "ITER", "ATTEMPTS", "DURATION", "COMMITTED"]
+        lines += table(headers, rows, style=style, right=(1, 2, 3), indent="  ")
+    lines += ["", f"{style.bold('next:')} {clean(next_hint(header))}"]
+    return lines
+
+
+def summary(run: RunInfo, now: float) -> dict[str, Any]:
+    """``run`` as one object of ``ls --json``."""
+    h = run.header or {}
+    return {
+        "run": run.name,
+        "workflow": run.workflow,
+        "run_id": run.run_id,
+        "key": run.key,
+        "status": run.status,
+        "owner": h.get("owner"),
+        "next_step": _next_step(h) if run.problem is None else None,
+        "iteration": h.get("iteration"),
+        "committed": h.get("committed"),
+        "updated_at": h.get("updated_at"),
+        "age_seconds": round(now - h["updated_at"], 3) if "updated_at" in h else None,
+        "size": run.size,
+        "intent": h.get("intent"),
+        "error": h.get("error"),
+        "problem": run.problem,
+    }
+
+
+def _decode_state(header: ckpt.Checkpoint, payload: bytes, unsafe: bool) -> Any:
+    name = header.serializer
+    inner = name.removesuffix(_SIGNED)
+    if inner not in ("json", "pickle"):
+        raise CommandError(f"run {header.run} uses a custom serializer {name!r}; cannot decode it")
+    if inner == "pickle" and not unsafe:
+        raise CommandError(
+            f"the state of run {header.run} is a pickle, and unpickling runs code chosen by "
+            "whoever wrote it: pass --unsafe-unpickle if you trust everyone who can write "
+            "to this store",
+            EXIT_USAGE,
+        )
+    serializer: Serializer
+    if name.endswith(_SIGNED):
+        key = os.environ.get(SIGNING_KEY_ENV)
+        if not key:
+            raise CommandError(
+                f"the state of run {header.run} is signed ({name}): set {SIGNING_KEY_ENV} "
+                "to the key it was written with",
+                EXIT_USAGE,
+            )
+        serializer = resolve_serializer(inner, key)
+    elif inner == "pickle" and os.environ.get(SIGNING_KEY_ENV):
+        raise CommandError(
+            f"the state of run {header.run} is an unsigned pickle, but {SIGNING_KEY_ENV} is "
+            "set: refusing to unpickle it (anyone who can write the store could have made "
+            "it), as the workflow itself would",
+            EXIT_REFUSED,
+        )
+    else:  # unsigned JSON, or unsigned pickle with no key in play
+        serializer = PickleSerializer() if inner == "pickle" else resolve_serializer("json")
+    try:
+        return serializer.loads(payload)
+    except CorruptCheckpoint as exc:
+        raise CorruptCheckpoint(f"run {header.run}: cannot decode the state: {exc}") from exc
+
+
+def _cmd_ls(args: argparse.Namespace, store: Store, style: Style) -> int:
+    runs = find_runs(store, args.workflow)
+    if args.status:
+        runs = [r for r in runs if r.status == args.status.replace("-", "_")]
+    now = time.time()
+    if args.json:
+        print(json.dumps([summary(r, now) for r in runs], indent=2))
+        return EXIT_OK
+    if not runs:
+        echo(f"{PROG}: no matching runs in {args.store_url}", stream=sys.stderr)
+        return EXIT_OK
+    rows = [ls_row(r, now) for r in runs]
+
+    def paint(row: int, column: int, text: str) -> str:
+        return style.status(runs[row].status, text) if column == 2 else text
+
+    headers = ["WORKFLOW", "RUN", "STATUS", "STEP", "ITER", "AGE", "SIZE"]
+    print("\n".join(table(headers, rows, style=style, color=paint, right=(4, 6))))
+    return EXIT_OK
+
+
+def _cmd_show(args: argparse.Namespace, store: Store, style: Style) -> int:
+    header, payload, data = load(store, *locate(store, args.run))
+    gone = header.status == "deleted"  # a tombstone has no state to decode
+    state = (
+        _decode_state(header, payload, args.unsafe_unpickle) if args.state and not gone else None
+    )
+    if args.json:
+        raw = peek_header(data, header.workflow, header.run_id)
+        doc: dict[str, Any] = {"run": header.run, "size": len(data), "header": raw}
+        if args.state:
+            doc["state"] = state
+        print(json_text(doc))
+        return EXIT_OK
+    lines = describe(header, payload, len(data), style)
+    if args.state:
+        text = "none: deleted when the run completed" if gone else None
+        lines += ["", style.bold("state"), text or state_text(state, header.serializer)]
+    print("\n".join(lines))
+    return EXIT_OK
+
+
+def register(command: Callable[..., Any]) -> None:
+    """Add the ``ls`` and ``show`` subcommands through build_parser's ``command`` factory."""
+    ls = command(
+        "ls",
+        _cmd_ls,
+        "list runs: status, step reached, age, size",
+        "List runs, one per line: workflow, run id, status, the next step to run (or "
+        "'done'), iteration, time since the last checkpoint, size. Statuses: running (a "
+        "live process owns it), stopped (nobody runs it: crashed, killed or released), "
+        "failed, in-doubt (a non-idempotent step may have fired: its policy stopped the run, "
+        "or the run crashed with the step's intent pending), completed, deleted (completed "
+        "with on_complete='delete': only a tombstone is left); 'corrupt' for a checkpoint "
+        "that cannot be read.",
+    )
+    ls.add_argument("--workflow", "-w", type=workflow_name, help="only runs of this workflow")
+    ls.add_argument(
+        "--status",
+        "-s",
+        type=lambda s: s.replace("_", "-"),
+        choices=("running", "stopped", "completed", "deleted", "failed", "in-doubt", "corrupt"),
+        help="only runs with this status",
+    )
+    ls.add_argument("--json", action="store_true", help="a JSON array, for machines")
+
+    show = command(
+        "show",
+        _cmd_show,
+        "why a run stopped: position, owner, pending intent, last error, history",
+        "Show a run: status; where it stopped (next step, iteration, commits); its owner "
+        "(host:pid and lease, or none); the pending intent of a non-idempotent step and its "
+        "idempotency key; the last error and its attempts; recent steps with durations; and "
+        "what to do next.",
+    )
+    show.add_argument("run", metavar="RUN", type=run_ref, help=RUN_HELP)
+    show.add_argument("--state", action="store_true", help="also print the saved state")
+    show.add_argument(
+        "--unsafe-unpickle",
+        action="store_true",
+        help="allow --state to unpickle a pickle state (runs code chosen by whoever wrote "
+        f"it; a signed one also needs ${SIGNING_KEY_ENV})",
+    )
+    show.add_argument("--json", action="store_true", help="the header (and state) as JSON")

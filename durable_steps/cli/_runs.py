@@ -1,0 +1,166 @@
+"""Finding runs in a store and reading one: what every command looks at first.
+
+A ``running`` run no live process owns (``_lease.is_live``) is shown as
+``stopped`` -- or ``in_doubt`` when it holds an unresolved intent: its
+non-idempotent step may have fired before the crash. One that crashed in a
+process still alive looks owned to other processes until its lease ends:
+only its own process knows that it is over.
+"""
+
+from __future__ import annotations
+
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+from .. import _checkpoint as ckpt
+from .._lease import is_live, lease_end
+from ..errors import CorruptCheckpoint
+from ..stores import Store
+from ._base import EXIT_NOT_FOUND, EXIT_USAGE, PROG, CommandError
+from ._format import human_age
+
+__all__ = [
+    "RunInfo",
+    "find_runs",
+    "load",
+    "locate",
+    "owner_text",
+    "peek_header",
+    "run_status",
+]
+
+
+def peek_header(data: bytes, workflow: str, run_id: str) -> dict[str, Any] | None:
+    """The first-line header if ``data`` is a durable_steps checkpoint of this run.
+
+    Only the header line is parsed (the payload may be damaged), and the run
+    it names must be the one the key says: this is what ``rm`` and ``prune``
+    require before deleting anything.
+    """
+    split = ckpt.split_header(data)
+    record = split[0] if split else None
+    if record is None or not isinstance(record.get("format"), int):
+        return None
+    if record.get("workflow") != workflow or record.get("run_id") != run_id:
+        return None
+    return record
+
+
+@dataclass(frozen=True)
+class RunInfo:
+    """A run found in the store: its raw header (``None`` if unreadable)."""
+
+    workflow: str
+    run_id: str
+    key: str
+    size: int
+    header: dict[str, Any] | None
+    status: str  # the status shown (see run_status), or "corrupt"
+    problem: str | None
+    version: str  # as read: deletes are conditional on it
+
+    @classmethod
+    def parse(cls, workflow: str, run_id: str, key: str, data: bytes, version: str) -> RunInfo:
+        """Describe the object ``data`` found at ``key``, readable or not."""
+        raw = peek_header(data, workflow, run_id)
+        status, problem = "corrupt", None
+        try:
+            header, _ = ckpt.decode(data, where=f"run {workflow}/{run_id}: checkpoint {key!r}")
+            if raw is None:
+                problem = f"{key!r} holds the checkpoint of another run ({header.run})"
+            else:
+                status = run_status(header.status, header.owner, header.intent)
+        except CorruptCheckpoint as exc:
+            problem = exc.message
+        return cls(workflow, run_id, key, len(data), raw, status, problem, version)
+
+    @property
+    def name(self) -> str:
+        """``workflow/run_id``."""
+        return f"{self.workflow}/{self.run_id}"
+
+
+def _run_keys(store: Store, workflow: str | None) -> list[tuple[str, str, str]]:
+    """``(workflow, run_id, key)`` of every checkpoint key under ``workflow/``: one LIST."""
+    keys = []
+    for info in store.list(f"{workflow}/" if workflow else ""):
+        parts = info.key.split("/")
+        if len(parts) == 3 and parts[2] == ckpt.CHECKPOINT_OBJECT:
+            keys.append((parts[0], parts[1], info.key))
+    return keys
+
+
+def find_runs(store: Store, workflow: str | None) -> list[RunInfo]:
+    """Every run under ``workflow/`` (or the whole store): one LIST, one GET per run."""
+    keys = _run_keys(store, workflow)
+
+    def fetch(item: tuple[str, str, str]) -> RunInfo | None:
+        found = store.get(item[2])
+        return None if found is None else RunInfo.parse(*item, *found)
+
+    with ThreadPoolExecutor(max_workers=max(1, min(16, len(keys)))) as pool:
+        return [run for run in pool.map(fetch, keys) if run is not None]
+
+
+def locate(store: Store, ref: tuple[str | None, str]) -> tuple[str, str]:
+    """The run a ``RUN`` argument names, as ``(workflow, run_id)``.
+
+    ``WORKFLOW/RUN_ID`` names itself, unlooked-at. A bare ``RUN_ID`` must be
+    the id of exactly one run in the store (one LIST, no GET): none exits 3,
+    several exit 2 (usage: say which) naming them all.
+    """
+    workflow, run_id = ref
+    if workflow is not None:
+        return workflow, run_id
+    workflows = sorted(w for w, r, _ in _run_keys(store, None) if r == run_id)
+    if not workflows:
+        raise CommandError(
+            f"no run has the id {run_id!r}; list runs with `{PROG} ls`", EXIT_NOT_FOUND
+        )
+    if len(workflows) > 1:
+        names = ", ".join(f"{w}/{run_id}" for w in workflows)
+        raise CommandError(
+            f"run id {run_id!r} is ambiguous: {len(workflows)} runs have it ({names}); "
+            "name one as WORKFLOW/RUN_ID",
+            EXIT_USAGE,
+        )
+    return workflows[0], run_id
+
+
+def run_status(status: str, owner: dict[str, Any] | None, intent: object) -> str:
+    """The status to show: a ``running`` run no live process owns is ``stopped``,
+    or ``in_doubt`` if its ``intent`` is unresolved (the step may have fired).
+    """
+    if status != "running" or is_live(owner):
+        return status
+    pending = isinstance(intent, dict) and intent.get("resolution") is None
+    return "in_doubt" if pending else "stopped"
+
+
+def owner_text(owner: dict[str, Any] | None, status: str) -> str:
+    """Who runs a run: ``host:pid (lease ends in 42s)``, ``host:pid (gone)``, ``none``."""
+    if not owner:
+        return "none (stopped)" if status == "running" else "none"
+    who = f"{owner.get('host')}:{owner.get('pid')}"
+    left = lease_end(owner) - time.time()
+    if is_live(owner):
+        return f"{who} (lease ends in {left:.0f}s)"
+    # Not live with its lease left: an owner on this host whose process is gone.
+    return f"{who} (gone)" if left > 0 else f"{who} (lease ended {human_age(-left)})"
+
+
+def load(store: Store, workflow: str, run_id: str) -> tuple[ckpt.Checkpoint, bytes, bytes]:
+    """A run's decoded header and payload, and the stored bytes; exit 3 when missing."""
+    name, key = f"{workflow}/{run_id}", ckpt.checkpoint_key(workflow, run_id)
+    found = store.get(key)
+    if found is None:
+        raise CommandError(
+            f"run {name} not found (no checkpoint at {key!r}); list runs with `{PROG} ls`",
+            EXIT_NOT_FOUND,
+        )
+    header, payload = ckpt.decode(found[0], where=f"run {name}: checkpoint {key!r}")
+    if (header.workflow, header.run_id) != (workflow, run_id):
+        raise CorruptCheckpoint(f"{key!r} holds the checkpoint of another run ({header.run})")
+    return header, payload, found[0]

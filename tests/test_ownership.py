@@ -1,0 +1,403 @@
+"""Who may run a run: leases judged by host identity and the store's clock, claims,
+adopting our own unreported writes, and what a refused write says.
+
+The processes here are in-process executions with store wrappers that make the
+faults deterministic; tests/test_worker.py does the same with real processes
+(SIGSTOP, SIGKILL) and tests/test_s3_runner.py over the wire through a fault proxy.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from typing import Any
+
+import pytest
+
+import durable_steps as ds
+from durable_steps import _checkpoint as ckpt
+from durable_steps import _lease
+from tests.storetools import Wrapped, rewrite_header
+
+KEY = ckpt.checkpoint_key("own", "r1")
+
+
+def header(store: ds.Store) -> ckpt.Checkpoint:
+    found = store.get(KEY)
+    assert found is not None
+    return ckpt.decode(found[0], where="test")[0]
+
+
+def owner_record(**fields: Any) -> dict[str, Any]:
+    """An owner on another host whose lease ends in 30 s, with ``fields`` changed."""
+    now = time.time()
+    return {
+        "host": "elsewhere",
+        "pid": 4242,
+        "started": 1.0,
+        "token": "their-token",
+        "until": now + 30,
+        "lease": 60.0,
+        "skew": 0.0,
+        "boot": "their-boot",
+        "pidns": 1,
+        **fields,
+    }
+
+
+def stopped_run(store: ds.Store, lease: float = 60.0) -> ds.Workflow:
+    """Run r1 of workflow 'own' (steps a, b) stopped after a, and the workflow."""
+    wf = ds.Workflow("own", store=store, lease=lease)
+    wf.step(name="a")(lambda s: s.update(a=1))
+    wf.step(name="b")(lambda s: s.update(b=1))
+    crashing = ds.Workflow("own", store=ds.testing.CrashingStore(store, after_write=2))
+    crashing.step(name="a")(lambda s: s.update(a=1))
+    crashing.step(name="b")(lambda s: s.update(b=1))
+    with pytest.raises(ds.testing.SimulatedCrash):
+        crashing.run("r1", {})
+    return wf
+
+
+# --- judging an owner ---------------------------------------------------------------
+
+
+def test_a_malformed_until_never_locks_a_run_for_good() -> None:
+    """until=1e308 is capped at updated_at + lease: the run frees when that lease ends."""
+    now = time.time()
+    owner = owner_record(until=1e308)
+    assert _lease.judge(owner, now=now, since=now - 10) == "live"
+    assert _lease.judge(owner, now=now, since=now - 61) == "expired"
+
+
+def test_an_owner_with_a_slow_clock_keeps_its_run() -> None:
+    """An owner 120 s behind the store writes an until that looks past; its recorded skew
+    translates it, so a correct process does not steal the live run."""
+    now = time.time()
+    behind = owner_record(until=now - 120 + 60, skew=-120.0)
+    assert _lease.judge(behind, now=now) == "live"
+    assert _lease.judge({**behind, "skew": None}, now=now) == "expired"  # what it was
+
+
+def test_a_dead_owner_with_a_fast_clock_frees_its_run_in_time() -> None:
+    """An owner 120 s ahead that died: its lease ends 60 s after its last write, not 180 s."""
+    wrote = time.time()
+    ahead = owner_record(until=wrote + 120 + 60, skew=120.0)
+    assert _lease.judge(ahead, now=wrote + 59) == "live"
+    assert _lease.judge(ahead, now=wrote + 61) == "expired"
+
+
+def test_this_process_clock_is_read_in_the_store_clock() -> None:
+    """A reader 120 s ahead of the store sees an honest lease as the store does."""
+    now = time.time()
+    honest = owner_record(until=now + 30)
+    assert _lease.judge(honest, now=now + 120, skew=120.0) == "live"
+    assert _lease.judge(honest, now=now + 120) == "expired"
+
+
+def test_same_host_identity_is_more_than_the_hostname() -> None:
+    """A reboot frees a run at once; a container sharing the hostname but not the PID
+    namespace is another host (its lease counts, not our pid table)."""
+    here = owner_record(host=_lease._HOST, pid=os.getpid(), boot=_lease._BOOT)
+    here["pidns"] = _lease._PIDNS
+    assert _lease.judge(here) == "gone"  # our pid, but no execution of ours holds it
+    rebooted = {**here, "pid": 1, "boot": "an-earlier-boot"}
+    if _lease._BOOT is not None:
+        assert _lease.judge(rebooted) == "gone"
+    if _lease._PIDNS is not None:
+        container = {**here, "pid": 999_999, "pidns": _lease._PIDNS + 1}
+        assert _lease.judge(container) == "live"  # not our pid 999999: lease-based
+        assert _lease.judge({**container, "pidns": _lease._PIDNS}) == "gone"
+
+
+@pytest.mark.parametrize("pid", [2**40, 0, -1, True, "1"])
+def test_an_impossible_pid_on_this_host_is_not_live(pid: Any) -> None:
+    """An owner pid of 2**40 (or any non-pid) on this host never reaches os.kill."""
+    assert _lease.judge(owner_record(host=_lease._HOST, pidns=None, boot=None, pid=pid)) == (
+        "expired"
+    )
+
+
+# --- clocks against the store ------------------------------------------------------
+
+
+class Skewed(Wrapped):
+    """A store whose clock this process reads as ``skew`` seconds behind its own."""
+
+    def __init__(self, inner: ds.Store, skew: float) -> None:
+        super().__init__(inner)
+        self.skew = skew
+
+    def clock_skew(self) -> float:
+        return self.skew
+
+
+def test_a_fast_clock_neither_steals_nor_takes_over() -> None:
+    """A process whose clock is 120 s ahead: a lease that looks past to it but is live in
+    the store's clock is not stolen, and an expired one is refused naming the skew."""
+    inner = ds.MemoryStore()
+    stopped_run(inner)
+    wf = ds.Workflow("own", store=Skewed(inner, 120.0))
+    wf.step(name="a")(lambda s: None)
+    wf.step(name="b")(lambda s: s.update(b=1))
+    # Its lease ends 30 s from now by the store's clock: 90 s ago by this process's.
+    rewrite_header(inner, KEY, owner=owner_record(until=time.time() - 90))
+    with pytest.raises(ds.RunLocked, match="is being run by elsewhere:4242"):
+        wf.run("r1")
+    rewrite_header(inner, KEY, owner=owner_record(until=time.time() - 200))
+    with pytest.raises(ds.RunLocked, match=r"this clock is 120s ahead of the store's"):
+        wf.run("r1")
+    assert header(inner).next_step == 1  # untouched
+
+
+def test_the_lease_records_this_hosts_skew_and_identity() -> None:
+    """Every lease written carries the writer's lease, skew, boot id and PID namespace."""
+    inner = ds.MemoryStore()
+    wf = ds.Workflow("own", store=Skewed(inner, -3.25), lease=7.0)
+    seen: list[dict[str, Any]] = []
+    wf.step(name="a")(lambda s: seen.append(header(inner).owner or {}))
+    wf.step(name="b")(lambda s: None)
+    wf.run("r1", {})
+    owner = seen[0]
+    assert owner["lease"] == 7.0
+    assert owner["skew"] == -3.25
+    assert owner["boot"] == _lease._BOOT
+    assert owner["pidns"] == _lease._PIDNS
+
+
+# --- claims -------------------------------------------------------------------------
+
+
+class Recording(Wrapped):
+    """Records every store call, and what the step saw when it was called."""
+
+    def __init__(self, inner: ds.Store) -> None:
+        super().__init__(inner)
+        self.calls: list[str] = []
+
+    def get(self, key: str) -> tuple[bytes, str] | None:
+        self.calls.append("get")
+        return super().get(key)
+
+    def put(self, key: str, data: bytes, *, match: str | None = None) -> str:
+        self.calls.append("put")
+        return super().put(key, data, match=match)
+
+
+def test_resume_from_an_expired_remote_owner_claims_before_any_step() -> None:
+    """The owner may be paused, not dead: the resume writes a claim before running anything."""
+    inner = ds.MemoryStore()
+    stopped_run(inner)
+    rewrite_header(inner, KEY, owner=owner_record(until=time.time() - 5))
+    store = Recording(inner)
+    wf = ds.Workflow("own", store=store)
+    wf.step(name="a")(lambda s: None)
+    wf.step(name="b")(lambda s: store.calls.append("step b"))
+    assert wf.run("r1") == {"a": 1}
+    assert store.calls[:3] == ["get", "put", "step b"]
+
+
+def test_resume_from_a_clean_stop_costs_one_get() -> None:
+    """A run nobody owns (crashed here, released, never claimed) keeps the one-GET resume."""
+    inner = ds.MemoryStore()
+    stopped_run(inner)
+    assert header(inner).owner is None or _lease.judge(header(inner).owner) == "gone"
+    store = Recording(inner)
+    wf = ds.Workflow("own", store=store)
+    wf.step(name="a")(lambda s: None)
+    wf.step(name="b")(lambda s: store.calls.append("step b"))
+    wf.run("r1")
+    assert store.calls[:2] == ["get", "step b"]
+
+
+def test_two_plain_reruns_of_an_in_doubt_step_fire_it_once() -> None:
+    """A re-fire writes a fresh intent first, so of two reruns racing, only one fires."""
+    inner = ds.MemoryStore()
+    fired: list[str] = []
+    gate = threading.Barrier(2, timeout=10)
+
+    def make(store: ds.Store) -> ds.Workflow:
+        wf = ds.Workflow("own", store=store)
+        wf.step(name="pay", idempotent=False)(lambda s, ctx: fired.append(ctx.idempotency_key))
+        return wf
+
+    crashing = make(ds.testing.CrashingStore(inner, after_write=2))  # create, intent
+    with pytest.raises(ds.testing.SimulatedCrash):
+        crashing.run("r1", {})
+    fired.clear()
+
+    class BothRead(Wrapped):
+        first = True
+
+        def get(self, key: str) -> tuple[bytes, str] | None:
+            found = super().get(key)
+            if self.first:
+                self.first = False
+                gate.wait()  # both reruns have read the in-doubt checkpoint
+            return found
+
+    outcomes: list[str] = []
+
+    def rerun() -> None:
+        try:
+            make(BothRead(inner)).run("r1")
+            outcomes.append("done")
+        except ds.CheckpointConflict:
+            outcomes.append("conflict")
+
+    threads = [threading.Thread(target=rerun) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(outcomes) == ["conflict", "done"]
+    assert len(fired) == 1
+
+
+def test_the_intent_records_the_in_doubt_policy() -> None:
+    """The intent says what a resume will do: refire, raise or reconcile."""
+    store = ds.MemoryStore()
+    seen: list[str] = []
+    wf = ds.Workflow("own", store=store)
+    wf.step(name="a", idempotent=False)(lambda s: seen.append(header(store).intent["policy"]))  # type: ignore[index]
+    wf.step(name="b", idempotent=False, in_doubt="raise")(
+        lambda s: seen.append(header(store).intent["policy"])  # type: ignore[index]
+    )
+    wf.step(name="c", idempotent=False, reconcile=lambda s, c: False)(
+        lambda s: seen.append(header(store).intent["policy"])  # type: ignore[index]
+    )
+    wf.run("r1", {})
+    assert seen == ["refire", "raise", "reconcile"]
+
+
+# --- the lease while a step runs -----------------------------------------------------
+
+
+class SlowIntent(Wrapped):
+    """The first intent write lands only after ``delay`` seconds (a slow store)."""
+
+    def __init__(self, inner: ds.Store, delay: float) -> None:
+        super().__init__(inner)
+        self.delay = delay
+
+    def put(self, key: str, data: bytes, *, match: str | None = None) -> str:
+        if b'"intent":{' in data and self.delay:
+            time.sleep(self.delay)
+            self.delay = 0
+        return super().put(key, data, match=match)
+
+
+def test_a_slow_intent_write_does_not_leave_the_step_unleased() -> None:
+    """The lease runs from when it was stamped: after a slow intent write the lease is
+    renewed before the step fires, so the step never runs on a spent lease."""
+    inner = ds.MemoryStore()
+    left: list[float] = []
+    wf = ds.Workflow("own", store=SlowIntent(inner, 0.8), lease=1.0)
+
+    @wf.step(idempotent=False)
+    def pay(state: dict[str, Any]) -> None:
+        owner = header(inner).owner
+        assert owner is not None
+        left.append(owner["until"] - time.time())
+
+    wf.run("r1", {})
+    assert left[0] > 0.5, f"the step started with {left[0]:.2f}s of lease left"
+
+
+class LandsButFails(Wrapped):
+    """The ``nth`` write lands, then reports a store failure (a lost answer, then 5xx)."""
+
+    def __init__(self, inner: ds.Store, nth: int) -> None:
+        super().__init__(inner)
+        self.nth, self.writes = nth, 0
+
+    def put(self, key: str, data: bytes, *, match: str | None = None) -> str:
+        self.writes += 1
+        version = super().put(key, data, match=match)
+        if self.writes == self.nth:
+            raise ds.StoreError("the answer was lost, and the retries got 503")
+        return version
+
+
+def test_a_renewal_that_landed_unreported_is_adopted(caplog: pytest.LogCaptureFixture) -> None:
+    """A lease renewal that landed but reported an error is recognised by our own token:
+    the next write goes on top of it instead of failing with a false conflict."""
+    inner = ds.MemoryStore()
+    wf = ds.Workflow("own", store=LandsButFails(inner, nth=2), lease=0.3)  # beat every 0.1 s
+    wf.step(name="slow")(lambda s: time.sleep(0.5))
+    with caplog.at_level(logging.INFO, logger="durable_steps"):
+        assert wf.run("r1", {}) == {}
+    assert header(inner).status == "completed"
+    assert "landed unreported" in caplog.text
+
+
+# --- what a refused write says ---------------------------------------------------------
+
+
+def test_a_checkpoint_deleted_mid_step_says_so() -> None:
+    """A checkpoint removed while its step runs is reported as deleted, not as a takeover."""
+    store = ds.MemoryStore()
+    wf = ds.Workflow("own", store=store)
+
+    @wf.step()
+    def a(state: dict[str, Any]) -> None:
+        found = store.get(KEY)
+        assert found is not None
+        store.delete(KEY, match=found[1])
+
+    with pytest.raises(ds.CheckpointConflict, match="was deleted while it ran") as caught:
+        wf.run("r1", {})
+    assert caught.value.step == "a"
+    assert store.get(KEY) is None  # not written back
+
+
+def test_the_loser_of_a_create_race_is_told_so() -> None:
+    """Two processes creating one run at once: the loser hears of a create, not a takeover."""
+    store = ds.MemoryStore()
+
+    class CreatedMeanwhile(Wrapped):
+        def get(self, key: str) -> tuple[bytes, str] | None:
+            found = super().get(key)
+            other = ds.Workflow("own", store=store)
+            other.step(name="a")(lambda s: None)
+            other.submit("r1", {})
+            return found
+
+    wf = ds.Workflow("own", store=CreatedMeanwhile(store))
+    wf.step(name="a")(lambda s: None)
+    with pytest.raises(ds.CheckpointConflict, match="created run own/r1 at the same moment"):
+        wf.run("r1", {})
+
+
+def test_store_errors_name_the_run_and_the_step() -> None:
+    """A store failure during a commit names the run and the step, and keeps the last checkpoint."""
+
+    class FailingCommits(Wrapped):
+        def put(self, key: str, data: bytes, *, match: str | None = None) -> str:
+            if match is not None:
+                raise ds.StoreError("disk full")
+            return super().put(key, data, match=match)
+
+    store = ds.MemoryStore()
+    wf = ds.Workflow("own", store=FailingCommits(store))
+    wf.step(name="a")(lambda s: None)
+    with pytest.raises(ds.StoreError, match=r"run own/r1: the store failed at step 'a': disk full"):
+        wf.run("r1", {})
+    assert header(store).next_step == 0
+
+
+def test_an_implicit_store_warns_when_keys_would_be_lost(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A run with non-idempotent steps created in the unchosen default store logs a warning."""
+    wf = ds.Workflow("own")
+    wf.step(name="pay", idempotent=False)(lambda s: None)
+    quiet = ds.Workflow("calm")
+    quiet.step(name="read")(lambda s: None)
+    with caplog.at_level(logging.WARNING, logger="durable_steps"):
+        quiet.run("r1", {})
+        assert "default local store" not in caplog.text
+        wf.run("r1", {})
+    assert "default local store" in caplog.text
+    assert "DURABLE_STEPS_STORE" in caplog.text
