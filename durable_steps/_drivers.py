@@ -21,7 +21,17 @@ from .errors import DefinitionError
 if TYPE_CHECKING:
     from .stores import Store
 
-__all__ = ["Call", "Delete", "Get", "Protocol", "Put", "Sleep", "drive_async", "drive_sync"]
+__all__ = [
+    "AwaitableInSyncRun",
+    "Call",
+    "Delete",
+    "Get",
+    "Protocol",
+    "Put",
+    "Sleep",
+    "drive_async",
+    "drive_sync",
+]
 
 T = TypeVar("T")
 
@@ -65,6 +75,14 @@ class Sleep:
     seconds: float
 
 
+class AwaitableInSyncRun(DefinitionError):
+    """User code called by the sync driver returned an awaitable: it is async
+    in a way the definition-time check could not see (say, a sync wrapper
+    around an ``async def``). The awaitable was never awaited, so its work
+    did not happen: the runner records neither a failure nor an intent for it.
+    """
+
+
 Effect = Get | Put | Delete | Call | Sleep
 Protocol = Generator[Effect, Any, T]
 
@@ -89,9 +107,9 @@ def _perform(effect: Effect, store: Store) -> Any:
         if inspect.isawaitable(result):  # an async callable that looked sync
             if inspect.iscoroutine(result):
                 result.close()  # no "never awaited" warning on top of our error
-            raise DefinitionError(
-                f"{getattr(effect.fn, '__name__', effect.fn)!r} returned an awaitable: "
-                "run the workflow with `await wf.arun(...)`"
+            raise AwaitableInSyncRun(
+                f"{getattr(effect.fn, '__name__', effect.fn)!r} returned an awaitable, so it "
+                "is async and did not run: run the workflow with `await wf.arun(...)`"
             )
         return result
     if not testing.sleeps_disabled():

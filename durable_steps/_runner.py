@@ -36,7 +36,7 @@ from typing import Any
 import tenacity
 
 from . import _checkpoint as ckpt
-from ._drivers import Call, Get, Protocol, Sleep
+from ._drivers import AwaitableInSyncRun, Call, Get, Protocol, Sleep
 from ._events import logger
 from ._lease import Heartbeat, describe, judge
 from ._run import Plan, Released, RunState, store_skew
@@ -44,6 +44,7 @@ from ._step import Context, Step
 from .errors import (
     CheckpointConflict,
     CorruptCheckpoint,
+    DefinitionError,
     DurableStepsError,
     RunLocked,
     StepFailed,
@@ -279,6 +280,15 @@ def _advance(run: RunState, step: Step[..., Any], index: int) -> Protocol[None]:
         heartbeat.stop()
     if heartbeat.lost:  # taken over while the step ran: say so before anything else
         raise run.conflict(step.name)
+    if isinstance(failure, AwaitableInSyncRun):  # it never ran: withdraw our intent
+        if not step.idempotent:  # back to the header before it (an earlier crash's intent stays)
+            yield from run.write(header, step.name, release=True)
+        raise DefinitionError(
+            f"run {run.name}: step {step.name!r} is async (it returned an awaitable) and "
+            "did not run; nothing was recorded. Run the workflow with `await wf.arun(...)`.",
+            run=run.name,
+            step=step.name,
+        ) from failure
     if failure is not None:
         yield from _give_up(run, step, ctx, failure)
     yield from _commit(run, step, ctx, attempts, time.monotonic() - started)
@@ -315,7 +325,7 @@ def _settle_doubt(
     if step.reconcile is not None:
         try:
             happened = yield from _call_owned(run, step, Call(step.reconcile, (run.state, ctx)))
-        except CheckpointConflict:
+        except (CheckpointConflict, AwaitableInSyncRun):
             raise
         except Exception as exc:
             yield from _give_up(run, step, ctx, exc, what="reconcile()")
@@ -379,6 +389,8 @@ def _fire(
         args = (run.state, ctx) if step.takes_context else (run.state,)
         try:
             result = yield Call(step.fn, args)
+        except AwaitableInSyncRun as exc:
+            return ctx.attempt, exc  # not a failure of the step, and never retried
         except Exception as exc:
             wait = _next_wait(policy, tries, exc)
             if wait is None:
@@ -410,6 +422,9 @@ def _fire(
             ctx.attempt += 1
             run.state = run.decode_state(run.payload)
             continue
+        wrong = step.wrong_return(run.state, result)
+        if wrong is not None:  # a bug, not bad luck: recorded as the failure, not retried
+            return ctx.attempt, wrong
         if result is not None:
             run.state = result
         return ctx.attempt, None
@@ -438,7 +453,8 @@ def _give_up(
 ) -> Protocol[None]:
     """Record the failure in the checkpoint, then raise StepFailed."""
     yield from _record_failure(run, step, ctx, exc)
-    tries = "attempt" if ctx.attempt == 1 else f"all {ctx.attempt} attempts"
+    used_up = step.retry is not None and ctx.attempt >= step.retry.attempts > 1
+    tries = f"all {ctx.attempt} attempts" if used_up else f"attempt {ctx.attempt}"
     raise StepFailed(
         f"run {run.name}: step {step.name!r} (iteration {ctx.iteration}) failed on "
         f"{tries}{f' ({what})' if what else ''}: {type(exc).__name__}: {exc}. The run is "

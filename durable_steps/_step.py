@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import inspect
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -12,7 +13,7 @@ import tenacity
 from ._checkpoint import validate_name
 from .errors import DefinitionError
 
-__all__ = ["Context", "Retry", "Step", "step"]
+__all__ = ["Context", "Retry", "Step", "callable_with", "is_async_callable", "step"]
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -149,15 +150,20 @@ class Step(Generic[P, R]):
             )
         if reconcile is not None and not callable(reconcile):
             raise DefinitionError(f"step {label!r}: reconcile must be callable")
+        if reconcile is not None and not callable_with(reconcile, 2):
+            raise DefinitionError(
+                f"step {label!r}: reconcile must take (state, ctx); its signature is "
+                f"{inspect.signature(reconcile)}"
+            )
         self.fn = fn
         self.name = label
         self.idempotent = idempotent
         self.retry = retry
         self.in_doubt: InDoubt = in_doubt or "refire"
         self.reconcile = reconcile
-        self.takes_context = _count_positional(fn, label) == 2
-        self.is_async = inspect.iscoroutinefunction(fn) or (
-            reconcile is not None and inspect.iscoroutinefunction(reconcile)
+        self.takes_context = _takes_context(fn, label)
+        self.is_async = is_async_callable(fn) or (
+            reconcile is not None and is_async_callable(reconcile)
         )
         self.__name__ = label
         self.__doc__ = fn.__doc__
@@ -167,27 +173,137 @@ class Step(Generic[P, R]):
         """Call the plain function (for unit tests); nothing is checkpointed."""
         return self.fn(*args, **kwargs)
 
+    def wrong_return(self, state: Any, result: Any) -> DefinitionError | None:
+        """Why ``result``, which this step returned, cannot replace ``state``
+        (``None`` when it can, or when nothing was returned).
+
+        A non-``None`` return replaces the whole state, so a value of another
+        kind (a string for a dict), or a *new* dict that lacks keys the state
+        had, is nearly always a helper's result returned by mistake — and
+        would silently lose the transcript. Returning the state itself, or a
+        dict that keeps every key, is fine.
+        """
+        if result is None or result is state:
+            return None
+        old, new = type(state), type(result)
+        if not (issubclass(new, old) or (new is not object and issubclass(old, new))):
+            problem = f"returned {_a(new)}, but the state is {_a(old)}"
+        elif isinstance(state, dict) and isinstance(result, dict):
+            missing = [key for key in state if key not in result]
+            if not missing:
+                return None
+            shown = ", ".join(repr(key) for key in missing[:5])
+            more = f" and {len(missing) - 5} more" if len(missing) > 5 else ""
+            problem = f"returned a new dict without the state's keys {shown}{more}"
+        else:
+            return None
+        return DefinitionError(
+            f"step {self.name!r} {problem}. A non-None return replaces the whole state: "
+            "mutate the state in place and return None, or replace it on purpose with "
+            "state.clear(); state.update(new) (or return a dict with every key).",
+            step=self.name,
+        )
+
     def __repr__(self) -> str:
         kind = "idempotent" if self.idempotent else "non-idempotent"
         return f"<Step {self.name!r} ({kind})>"
 
 
-def _count_positional(fn: Callable[..., Any], label: str) -> int:
-    """1 for ``fn(state)``, 2 for ``fn(state, ctx)``; anything else is refused."""
+def _a(kind: type) -> str:
+    """``a dict``, ``an int``: a type's name for a message."""
+    return f"{'an' if kind.__name__[:1].lower() in 'aeiou' else 'a'} {kind.__name__}"
+
+
+SHAPES = "fn(state) or fn(state, ctx)"
+
+
+def _signature(fn: Callable[..., Any]) -> inspect.Signature | None:
     try:
-        params = list(inspect.signature(fn).parameters.values())
-    except (TypeError, ValueError):  # builtins without a signature: assume fn(state)
-        return 1
-    positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
-    required = [p for p in positional if p.default is p.empty]
-    if any(p.kind == p.VAR_POSITIONAL for p in params):
-        return 2
-    if len(required) > 2 or not positional:
+        return inspect.signature(fn)
+    except (TypeError, ValueError):  # builtins without a signature
+        return None
+
+
+def callable_with(fn: Callable[..., Any], count: int) -> bool:
+    """Whether ``fn`` accepts ``count`` positional arguments and nothing else
+    (every other parameter has a default). True when Python cannot say.
+    """
+    signature = _signature(fn)
+    if signature is None:
+        return True
+    try:
+        signature.bind(*range(count))
+    except TypeError:
+        return False
+    return True
+
+
+def _takes_context(fn: Callable[..., Any], label: str) -> bool:
+    """True for ``fn(state, ctx)``, False for ``fn(state)``; anything else is
+    refused here, at definition, rather than failing when the step first runs.
+
+    ``ctx`` is passed by position, as the second argument. Parameter names
+    are free, with two exceptions that would silently swap the arguments: a
+    first parameter named ``self``/``cls`` (a method taken from its class
+    body) and a first parameter named ``ctx``/``context`` followed by one
+    named ``state``.
+    """
+    signature = _signature(fn)
+    if signature is None:  # a builtin: assume fn(state)
+        return False
+    names = [
+        p.name
+        for p in signature.parameters.values()
+        if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+    ]
+    if names[:2] in (["ctx", "state"], ["context", "state"]):
         raise DefinitionError(
-            f"step {label!r} must take (state) or (state, ctx); its signature is "
-            f"{inspect.signature(fn)}"
+            f"step {label!r} takes {signature}: the state comes first. A step is {SHAPES}; "
+            "swap the two parameters."
         )
-    return min(len(positional), 2)
+    if names[:1] in (["self"], ["cls"]):
+        raise DefinitionError(
+            f"step {label!r} takes {signature}: it looks like a method taken from its class, "
+            f"which would get the state as {names[0]}. A step is {SHAPES}: register the "
+            "bound method (ds.step(obj.method)) or a function."
+        )
+    if callable_with(fn, 2):
+        return True
+    if callable_with(fn, 1):
+        return False
+    keyword_only = [
+        p.name
+        for p in signature.parameters.values()
+        if p.kind == p.KEYWORD_ONLY and p.default is p.empty
+    ]
+    hint = (
+        f" ctx is passed by position, so {', '.join(map(repr, keyword_only))} must not be "
+        "keyword-only (drop the '*') or needs a default."
+        if keyword_only
+        else " Every other parameter needs a default."
+    )
+    raise DefinitionError(f"step {label!r} must be {SHAPES}; its signature is {signature}.{hint}")
+
+
+def is_async_callable(fn: object) -> bool:
+    """Whether calling ``fn`` makes a coroutine: an ``async def`` function or
+    method, an object whose ``__call__`` is one, a staticmethod or a
+    ``functools.partial`` of any of these.
+    """
+    while True:
+        if isinstance(fn, functools.partial):
+            fn = fn.func
+        elif isinstance(fn, (staticmethod, classmethod)):
+            fn = fn.__func__
+        else:
+            break
+    if inspect.iscoroutinefunction(fn):
+        return True
+    # An instance's __call__ (looked up on its type, as calling it does; a class's
+    # own __call__ is not what calling the class runs).
+    if inspect.isfunction(fn) or inspect.ismethod(fn) or isinstance(fn, type):
+        return False
+    return callable(fn) and inspect.iscoroutinefunction(type(fn).__call__)
 
 
 @overload

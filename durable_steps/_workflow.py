@@ -13,7 +13,7 @@ from ._checkpoint import validate_name
 from ._drivers import drive_async, drive_sync
 from ._events import Subscriber
 from ._run import Plan
-from ._step import InDoubt, Retry, Step
+from ._step import InDoubt, Retry, Step, callable_with, is_async_callable
 from .errors import DefinitionError
 from .serializers import Serializer, SignedSerializer, resolve_serializer
 from .stores import STORE_ENV, open_store
@@ -62,6 +62,13 @@ class Workflow:
         self.name = validate_name(name, "workflow name")
         if until is not None and not callable(until):
             raise DefinitionError(f"workflow {name!r}: until must be callable, not {until!r}")
+        if until is not None and is_async_callable(until):
+            raise DefinitionError(
+                f"workflow {name!r}: until must be a plain function of the state "
+                "(it is checked between steps, also under arun), not async"
+            )
+        if until is not None and not callable_with(until, 1):
+            raise DefinitionError(f"workflow {name!r}: until must take (state), like until(state)")
         if on_complete not in ("mark", "delete"):
             raise DefinitionError(
                 f"workflow {name!r}: on_complete must be 'mark' or 'delete', not {on_complete!r}"

@@ -276,14 +276,24 @@ class Worker:
 
 
 def install_signal_handlers(worker: Worker, log: Callable[[str], object]) -> None:
-    """SIGTERM/SIGINT: stop gracefully; a second one exits at once."""
+    """SIGTERM/SIGINT: stop gracefully; a second one of either exits at once.
+
+    The second signal gets the default action — the kernel ends the process —
+    because anything run in Python would first wait for the steps in flight
+    (a KeyboardInterrupt waits in the thread pool's shutdown). Nothing is lost
+    by that: every committed step is in the store, and a run whose step was cut
+    short resumes at that step.
+    """
     import signal
 
     def graceful(signum: int, _frame: object) -> None:
-        log(f"{signal.Signals(signum).name}: finishing current steps, then stopping")
+        log(
+            f"{signal.Signals(signum).name}: finishing current steps, then stopping "
+            "(send it again to exit at once)"
+        )
         worker.stop()
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
-        signal.signal(signal.SIGINT, signal.default_int_handler)
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
 
     signal.signal(signal.SIGTERM, graceful)
     signal.signal(signal.SIGINT, graceful)

@@ -249,6 +249,7 @@ def test_show_state_pretty_json(runs: Runs) -> None:
     assert "nothing left to do" in head
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("durable_target", ["local"], indirect=True)
 def test_pickle_state_needs_unsafe_unpickle_and_signing_key(runs: Runs) -> None:
     """Pickle states are shown only with --unsafe-unpickle; signed ones need their key."""
@@ -331,6 +332,7 @@ def test_resolve_not_fired_refires_with_the_same_key(runs: Runs) -> None:
     assert runs.charges == [runs.doubt_key]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("durable_target", ["local"], indirect=True)
 def test_resolve_refusals(runs: Runs) -> None:
     """resolve: 3 for a missing run, 4 with nothing in doubt; a stopped run needs no --force."""
@@ -357,6 +359,7 @@ def test_resolve_refusals(runs: Runs) -> None:
 # -- rm and prune ------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_rm_deletes_only_checkpoints_and_guards_in_doubt_runs(runs: Runs) -> None:
     """rm deletes checkpoints only; an in-doubt run needs --force (live ones: see below)."""
     refused = cli(runs.target, "rm", "pay/doubt-1")
@@ -531,6 +534,7 @@ wf.run("l-1")
 """
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("durable_target", LOCAL_AND_MOTO, indirect=True)
 def test_live_run_is_running_until_its_process_dies(
     durable_target: StoreTarget, tmp_path: Path
@@ -715,6 +719,7 @@ def test_tombstones_are_listed_explained_removed_and_pruned(runs: Runs) -> None:
 # -- errors, usage, configuration --------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("durable_target", ["local"], indirect=True)
 def test_errors_are_one_line_with_meaningful_exit_codes(runs: Runs, tmp_path: Path) -> None:
     """Bad input exits 2, a missing run 3, an unreadable checkpoint 1: one line each."""
@@ -788,6 +793,7 @@ def test_store_comes_from_env_then_default(tmp_path: Path) -> None:
     assert "no matching runs in ./.durable_steps" in elsewhere.stderr
 
 
+@pytest.mark.slow
 def test_console_script_help_documents_commands_and_exit_codes() -> None:
     """The installed console script's --help covers every command and the exit codes."""
     script = Path(sys.executable).with_name("durable-steps")

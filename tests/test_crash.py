@@ -79,7 +79,16 @@ S3_CRASHES: list[Crash] = [
 
 
 def _cases(local: list[Crash], s3: list[Crash], s3_kinds: list[str] = S3_KINDS) -> list[Any]:
-    cases = [pytest.param("local", c, id=f"local-{':'.join(map(str, c))}") for c in local]
+    # On the local store the cases sampled for S3 are the fast part; the full sweep is slow.
+    cases = [
+        pytest.param(
+            "local",
+            c,
+            marks=() if c in s3 else pytest.mark.slow,
+            id=f"local-{':'.join(map(str, c))}",
+        )
+        for c in local
+    ]
     cases += [
         pytest.param(kind, c, marks=pytest.mark.s3, id=f"{kind}-{':'.join(map(str, c))}")
         for kind in s3_kinds

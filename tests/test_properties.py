@@ -349,6 +349,7 @@ REFIRE_AFTER_RESOLVE_DIES = (
 )
 
 
+@pytest.mark.slow
 @settings(deadline=None, max_examples=100)
 @given(scenarios())
 def test_any_crash_sequence_resumes_to_the_uncrashed_result(
@@ -360,6 +361,7 @@ def test_any_crash_sequence_resumes_to_the_uncrashed_result(
     crash_and_resume(*scenario)
 
 
+@pytest.mark.slow
 def test_every_write_boundary_of_a_fixed_workflow() -> None:
     """Exhaustively: a crash before or after each write of a mixed 3-pass workflow
     resumes correctly (the enumeration hypothesis only samples).

@@ -553,6 +553,38 @@ def test_unlisted_exception_is_not_retried(run: Runner) -> None:
     assert raised.value.attempts == 1
 
 
+@pytest.mark.parametrize(
+    ("retry", "errors", "says"),
+    [
+        (None, [ValueError("bad")], "failed on attempt 1: ValueError: bad."),
+        (
+            ds.Retry(attempts=3, wait=0, on=ValueError),
+            [ValueError("a"), ValueError("b"), ValueError("c")],
+            "failed on all 3 attempts: ValueError: c.",
+        ),
+        (
+            ds.Retry(attempts=3, wait=0, on=TimeoutError),
+            [TimeoutError("slow"), KeyError("k")],
+            "failed on attempt 2: KeyError: 'k'.",
+        ),
+    ],
+    ids=["one-attempt", "attempts-used-up", "not-retried-on-attempt-2"],
+)
+def test_step_failed_says_which_attempt(
+    retry: ds.Retry | None, errors: list[Exception], says: str, run: Runner
+) -> None:
+    """StepFailed's message gives the attempt number, or "all N attempts" when retries ran out."""
+    wf = ds.Workflow("wording", store="memory://")
+
+    @wf.step(retry=retry)
+    def call(state: dict[str, Any], ctx: ds.Context) -> None:
+        raise errors[ctx.attempt - 1]
+
+    with pytest.raises(ds.StepFailed) as raised:
+        run(wf, "r1", {})
+    assert f"run wording/r1: step 'call' (iteration 0) {says}" in str(raised.value)
+
+
 def test_retry_waits_with_backoff(monkeypatch: pytest.MonkeyPatch) -> None:
     """Retry waits grow from wait towards max_wait; no_wait() removes the sleeps."""
     slept: list[float] = []
@@ -834,7 +866,7 @@ def test_bad_definitions_fail_when_decorated() -> None:
             in_doubt="raise",
             reconcile=lambda s, c: True,
         )
-    with pytest.raises(ds.DefinitionError, match=r"\(state\) or \(state, ctx\)"):
+    with pytest.raises(ds.DefinitionError, match=r"fn\(state\) or fn\(state, ctx\)"):
         ds.step(lambda a, b, c: None, name="three")
     with pytest.raises(ds.DefinitionError, match="pass name="):
         ds.step(lambda s: None)

@@ -173,7 +173,8 @@ class CountingStore:
         self.calls: dict[str, int] = defaultdict(int)
 
     def __getattr__(self, name: str) -> Any:
-        self.calls[name] += 1
+        if name != "clock_skew":  # a memory store's clock is this process's: no request
+            self.calls[name] += 1
         return getattr(self.inner, name)
 
 
@@ -416,10 +417,16 @@ def test_fleet_of_workers_survives_random_kills(
     check_ledger(files["ledger"], runs, max_duplicates=kills)
 
 
-def test_cli_worker_sigterm_releases_run(
-    durable_target: StoreTarget, files: dict[str, Path], children: list[Child]
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_cli_worker_signal_releases_run(
+    sig: signal.Signals,
+    durable_target: StoreTarget,
+    files: dict[str, Path],
+    children: list[Child],
 ) -> None:
-    """`durable-steps worker` on SIGTERM finishes the step, releases the run and exits 0."""
+    """`durable-steps worker` on one SIGTERM or SIGINT finishes the step, releases the run
+    and exits 0.
+    """
     wf = fleet(durable_target.open())
     wf.submit("r1", workerapp.initial_state())
     child = Child(
@@ -433,10 +440,98 @@ def test_cli_worker_sigterm_releases_run(
     )
     children.append(child)
     wait_for(lambda: started(files["log"], "fetch", "r1"), what="the worker's step")
-    child.signal(signal.SIGTERM)
+    child.signal(sig)
     code, err = child.wait(timeout=30)
     assert code == 0, err
     assert "finishing current steps" in err
     h = header(wf.store, "r1")
     assert (h.status, h.next_step, h.owner) == ("running", 1, None)
     assert ds.Worker(wf).claimable() == ["r1"]
+
+
+@pytest.mark.parametrize(
+    ("first", "second"),
+    [(signal.SIGINT, signal.SIGINT), (signal.SIGTERM, signal.SIGINT)],
+    ids=["SIGINT-SIGINT", "SIGTERM-SIGINT"],
+)
+def test_cli_worker_second_signal_exits_at_once(
+    first: signal.Signals,
+    second: signal.Signals,
+    tmp_path: Path,
+    files: dict[str, Path],
+    children: list[Child],
+) -> None:
+    """A second signal (Ctrl-C too) ends `durable-steps worker` within ~2 s, mid-step, with a
+    non-zero status; the cut-short step is not committed and the run can be resumed.
+    """
+    target = StoreTarget("local", str(tmp_path / "store"))
+    wf = fleet(target.open())
+    wf.submit("r1", workerapp.initial_state())
+    child = Child(
+        target,
+        "-m",
+        "durable_steps",
+        "worker",
+        "--app",
+        "tests.workerapp:workflow",
+        WORKERAPP_STEP_SECONDS="60",
+    )
+    children.append(child)
+    wait_for(lambda: started(files["log"], "fetch", "r1"), what="the worker's step")
+    child.signal(first)
+    time.sleep(0.5)  # the first signal's handler has run; the step goes on
+    assert child.proc.poll() is None
+    child.signal(second)
+    sent = time.monotonic()
+    code, err = child.wait(timeout=30)
+    assert time.monotonic() - sent < 2.0, err
+    assert code != 0
+    assert "send it again to exit at once" in err
+    h = header(wf.store, "r1")
+    assert (h.status, h.next_step, h.committed) == ("running", 0, 0)
+    assert ds.Worker(wf).claimable() == ["r1"]  # its owner is gone: free at once
+
+
+NOISY_APP = """
+import logging
+
+import durable_steps as ds
+
+
+def chatty(state):
+    for name in ("botocore.endpoint", "botocore.credentials", "urllib3.connectionpool"):
+        logging.getLogger(name).debug("third-party-debug-marker")
+        logging.getLogger(name).info("third-party-info-marker")
+    state["done"] = True
+
+
+workflow = ds.Workflow("noisy", steps=[chatty])
+"""
+
+
+def test_cli_worker_logs_only_durable_steps(
+    durable_target: StoreTarget, tmp_path: Path, children: list[Child]
+) -> None:
+    """`durable-steps worker` shows the library's INFO log, not botocore's or urllib3's."""
+    (tmp_path / "noisyapp.py").write_text(NOISY_APP)
+    wf = ds.Workflow(
+        "noisy", steps=[ds.step(lambda s: None, name="chatty")], store=durable_target.open()
+    )
+    wf.submit("r1", {})
+    child = Child(
+        durable_target,
+        "-m",
+        "durable_steps",
+        "worker",
+        "--app",
+        "noisyapp:workflow",
+        "--until-idle",
+        PYTHONPATH=str(tmp_path),
+    )
+    children.append(child)
+    code, err = child.wait(timeout=60)
+    assert code == 0, err
+    assert "committed step 'chatty'" in err
+    assert "run noisy/r1 completed" in err
+    assert "third-party" not in err
+    assert "Found credentials" not in err  # botocore's own INFO line, on the S3 stores

@@ -46,12 +46,25 @@ def _load_app(spec: str) -> Workflow:
     return target
 
 
+def _log_progress() -> None:
+    """The library's INFO log on stderr. Only the ``durable_steps`` logger: a
+    root handler would let botocore's and urllib3's request logs flood it.
+    An app that configured logging itself keeps its own handlers.
+    """
+    log = logging.getLogger("durable_steps")
+    log.setLevel(logging.INFO)
+    if not log.handlers and not logging.getLogger().handlers:
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("%(asctime)s %(message)s"))
+        log.addHandler(handler)
+
+
 def _cmd_worker(args: argparse.Namespace, store: Store, _style: object) -> int:
     workflow = _load_app(args.app)
     if args.store:  # an explicit --store wins over the one the app configured
         workflow.store = store
     if not args.debug:
-        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+        _log_progress()
     worker = Worker(
         workflow, concurrency=args.concurrency, poll=args.poll, retry_failed=args.retry_failed
     )
