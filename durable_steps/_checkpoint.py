@@ -495,8 +495,13 @@ def _is_number(value: object) -> TypeGuard[float]:
 
 
 def _is_time(value: object) -> bool:
-    """Seconds since the epoch (or since boot): finite, not negative."""
-    return _is_number(value) and value >= 0
+    """Seconds since the epoch (or since boot): not negative, before the year 10000
+    (what a date can show: a time beyond it broke every reader that prints it).
+    """
+    return _is_number(value) and 0 <= value < _YEAR_10000
+
+
+_YEAR_10000 = 253_402_300_800
 
 
 def _is_str(value: object) -> bool:

@@ -22,7 +22,7 @@ not ``"live"``:
 ``"gone"``
     The owner provably runs no more: it is on this host (same hostname, boot
     and PID namespace) and its process is gone or was replaced (a SIGKILL, an
-    OOM kill), or the host rebooted since, or it is an execution in this
+    OOM kill), or it is an execution in this
     very process that has ended.
 ``"expired"``
     The lease ended, but the owner is on another host (or its record is
@@ -72,6 +72,7 @@ Ownership = Literal["none", "live", "gone", "expired"]
 _HOST = socket.gethostname()
 _PID_MAX = 2**22  # Linux's ceiling for pid_max: anything above is no pid
 _SKEW_MAX = 86_400.0  # a recorded skew beyond a day is noise, not a clock
+_LEASE_MAX = 86_400.0  # no lease record is believed for longer than a day
 _active_tokens: set[str] = set()  # executions running in this process now
 _active_lock = threading.Lock()
 
@@ -91,7 +92,7 @@ def _pid_namespace() -> int | None:
         return None
 
 
-# This host's identity beyond its name: a reboot changes the boot id, and a
+# This host's identity beyond its name: another machine has another boot id, and a
 # container with a borrowed hostname has a PID namespace of its own.
 _BOOT = _read_text("/proc/sys/kernel/random/boot_id")
 _PIDNS = _pid_namespace()
@@ -178,19 +179,24 @@ class Owner:
                 _active_tokens.discard(self.token)
 
 
-def lease_end(owner: Any, *, since: float | None = None) -> float:
+def lease_end(owner: Any, *, since: object = None, lease: float | None = None) -> float:
     """The lease's end in the store's clock, or 0.0 (long over) for a malformed record.
 
     ``since`` is the header's ``updated_at``, written with the lease by the
-    same clock: the end is capped at it plus the record's lease.
+    same clock: the end is capped at it plus the record's lease (or, for a
+    record without one, ``lease``, the reader's), and no lease counts for
+    more than a day, so no value of ``until`` or ``lease`` locks a run for good.
     """
     until = _number(owner.get("until")) if isinstance(owner, dict) else None
     if until is None:
         return 0.0
     assert isinstance(owner, dict)
-    lease = _number(owner.get("lease"))
-    if since is not None and lease is not None and lease > 0:
-        until = min(until, since + lease)
+    since = _number(since)  # a raw header (the command line's) may hold anything
+    if since is not None:
+        length = _number(owner.get("lease"))
+        if length is None or length <= 0:
+            length = lease if lease is not None else _LEASE_MAX
+        until = min(until, since + min(length, _LEASE_MAX))
     skew = _number(owner.get("skew"))
     if skew is not None and abs(skew) < _SKEW_MAX:
         until -= skew  # the owner's clock, translated into the store's
@@ -198,10 +204,20 @@ def lease_end(owner: Any, *, since: float | None = None) -> float:
 
 
 def _same_host(owner: dict[str, Any]) -> bool:
+    """Whether ``owner`` ran on this host: the same hostname, PID namespace and boot.
+
+    A different boot id is another host, not this one rebooted: two machines
+    may well share a hostname (and every host outside a container has the
+    same initial PID namespace), so only the lease can tell when such an
+    owner is gone.
+    """
     if owner.get("host") != _HOST:
         return False
-    pidns = owner.get("pidns")
-    return pidns is None or _PIDNS is None or pidns == _PIDNS
+    for key, mine in (("pidns", _PIDNS), ("boot", _BOOT)):
+        theirs = owner.get(key)
+        if theirs is not None and mine is not None and theirs != mine:
+            return False
+    return True
 
 
 def judge(  # noqa: PLR0911 - one answer per kind of owner
@@ -209,12 +225,14 @@ def judge(  # noqa: PLR0911 - one answer per kind of owner
     *,
     now: float | None = None,
     skew: float | None = None,
-    since: float | None = None,
+    since: object = None,
+    lease: float | None = None,
 ) -> Ownership:
     """Whether ``owner`` (a header's ``owner`` field) may still be running.
 
     ``skew`` is this process's clock skew against the store (None: unknown,
-    taken as 0); ``since`` the header's ``updated_at``. See the module
+    taken as 0); ``since`` the header's ``updated_at``; ``lease`` the
+    reader's own lease, for a record that gives none. See the module
     docstring for the four answers.
     """
     if not owner:
@@ -223,9 +241,6 @@ def judge(  # noqa: PLR0911 - one answer per kind of owner
         return "expired"  # a malformed record never counts as live
     clock = (time.time() if now is None else now) - (skew or 0.0)
     if _same_host(owner):
-        boot = owner.get("boot")
-        if boot is not None and _BOOT is not None and boot != _BOOT:
-            return "gone"  # this host rebooted since the owner wrote
         pid = owner.get("pid")
         if isinstance(pid, bool) or not isinstance(pid, int) or not 0 < pid < _PID_MAX:
             return "expired"  # a malformed record never counts as live
@@ -235,7 +250,7 @@ def judge(  # noqa: PLR0911 - one answer per kind of owner
                     return "gone"
         elif not _process_alive(pid, owner.get("started")):
             return "gone"
-    if lease_end(owner, since=since) < clock:
+    if lease_end(owner, since=since, lease=lease) < clock:
         return "expired"
     return "live"
 
@@ -245,10 +260,11 @@ def is_live(
     *,
     now: float | None = None,
     skew: float | None = None,
-    since: float | None = None,
+    since: object = None,
+    lease: float | None = None,
 ) -> bool:
     """Whether ``owner`` may still be running: :func:`judge` says ``"live"``."""
-    return judge(owner, now=now, skew=skew, since=since) == "live"
+    return judge(owner, now=now, skew=skew, since=since, lease=lease) == "live"
 
 
 def _process_alive(pid: int, started: float | None) -> bool:
@@ -264,7 +280,7 @@ def _process_alive(pid: int, started: float | None) -> bool:
     return started is None or _process_started(pid) in (None, started)
 
 
-def describe(owner: dict[str, Any], *, since: float | None = None) -> str:
+def describe(owner: dict[str, Any], *, since: object = None) -> str:
     """``host:pid (lease ends in 42s)`` for messages."""
     left = lease_end(owner, since=since) - time.time()
     return f"{owner.get('host')}:{owner.get('pid')} (lease ends in {max(left, 0):.0f}s)"

@@ -189,7 +189,7 @@ def _check_owner(run: RunState, header: ckpt.Checkpoint) -> bool:
     """Refuse a run another process may be running; True if it must be claimed."""
     plan = run.plan
     skew = store_skew(plan.store)
-    ownership = judge(header.owner, skew=skew, since=header.updated_at)
+    ownership = judge(header.owner, skew=skew, since=header.updated_at, lease=plan.lease)
     if ownership == "live" and not plan.takeover:
         assert header.owner is not None
         raise RunLocked(

@@ -145,7 +145,9 @@ def check_json(value: Any, path: str = "state", *, depth: int = 0) -> None:
     else:  # a scalar state: rare, the slow check will do
         clean = _json_problem(value) is None
     if not clean:
-        found = _locate(value, path, _json_problem, "it cannot be encoded", depth=depth)
+        found = _locate(
+            value, path, _json_problem, "it cannot be encoded", depth=depth, shared=True
+        )
         raise _json_error(*found)
 
 
@@ -169,6 +171,11 @@ def _json_clean(value: Any, depth: int = 0) -> bool:
     """
     stack = [(value, depth)]
     pop, push = stack.pop, stack.append
+    # A container met twice (``s["a"] = s["b"] = []``, or a cycle) would come
+    # back from JSON as two separate copies: a change to one would no longer
+    # show in the other after a resume.
+    seen = {id(value)}
+    remember, before = seen.add, len(seen)
     while stack:
         node, depth = pop()  # only dicts and lists are pushed
         if type(node) is dict:
@@ -187,6 +194,10 @@ def _json_clean(value: Any, depth: int = 0) -> bool:
                 if child - child != 0:  # NaN and ±Infinity: inf - inf is NaN
                     return False
             elif (kind is dict or kind is list) and depth < MAX_DEPTH:
+                remember(id(child))
+                if len(seen) == before:
+                    return False
+                before += 1
                 push((child, depth))
             else:
                 return False
@@ -375,7 +386,13 @@ def _pickle_problem(value: Any) -> str | None:
 
 
 def _locate(
-    state: Any, root: str, problem: Callable[[Any], str | None], fallback: str, *, depth: int = 0
+    state: Any,
+    root: str,
+    problem: Callable[[Any], str | None],
+    fallback: str,
+    *,
+    depth: int = 0,
+    shared: bool = False,
 ) -> tuple[str, str]:
     """Return ``(path, reason)`` of the innermost value ``problem`` objects to.
 
@@ -383,12 +400,14 @@ def _locate(
     (no RecursionError however deep the state). A container whose children
     are all fine but which is itself refused (e.g. a dict with an int key) is
     reported; otherwise the search descends to the first refused child.
-    Cycles and nesting deeper than MAX_DEPTH are reported as such; if nothing
-    is found, ``(root, fallback)``.
+    Cycles and nesting deeper than MAX_DEPTH are reported as such, and with
+    ``shared`` (JSON) a container met a second time; if nothing is found,
+    ``(root, fallback)``.
     """
     # Each entry: a container, its path, and an iterator over (label, child).
     stack: list[tuple[Any, str, Iterator[tuple[str, Any]]]] = []
     on_path: set[int] = set()  # ids of the containers being walked: a cycle
+    first_seen: dict[int, str] = {}  # every container met, and where (JSON only)
 
     def enter(value: Any, path: str) -> tuple[str, str] | None:
         if not isinstance(value, (dict, list, tuple, set, frozenset)):
@@ -396,8 +415,15 @@ def _locate(
             return (path, why) if why else None
         if id(value) in on_path:
             return path, "it contains itself (a reference cycle)"
+        if shared and id(value) in first_seen:
+            return path, (
+                f"it is the same {type(value).__name__} as {_short(first_seen[id(value)])}; "
+                "JSON stores it twice, so after a resume the two would be separate "
+                "copies. Keep it in one place, or store a copy (list(x), dict(x))"
+            )
         if depth + len(stack) >= MAX_DEPTH:
             return path, _TOO_DEEP
+        first_seen[id(value)] = path
         on_path.add(id(value))
         stack.append((value, path, _labelled(value)))
         return None

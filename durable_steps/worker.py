@@ -159,6 +159,7 @@ class Worker:
         """
         now = time.time()
         skew = store_skew(self.workflow.store)
+        lease = self.workflow.lease
         found: list[str] = []
         listed: set[str] = set()
         try:
@@ -177,7 +178,9 @@ class Worker:
                 if (
                     seen
                     and seen.status in self.statuses
-                    and not is_live(seen.owner, now=now, skew=skew, since=seen.updated_at)
+                    and not is_live(
+                        seen.owner, now=now, skew=skew, since=seen.updated_at, lease=lease
+                    )
                 ):
                     found.append(run_id)
             else:  # a full listing: forget runs that are gone

@@ -281,22 +281,44 @@ def test_a_hand_edit_changes_the_version(tmp_path: Path) -> None:
     assert store.get(KEY) == (b"repaired by hand", info.version)
 
 
-def test_a_missing_data_file_is_a_clear_error_and_deletable(tmp_path: Path) -> None:
-    """A link whose file was removed by hand says so on read; list skips it; delete removes it."""
+def test_a_missing_data_file_reads_as_an_empty_object_and_is_deletable(tmp_path: Path) -> None:
+    """A link whose file was removed by hand reads and lists as an empty object (so the
+    run is reported corrupt, never raises a store error), and a delete at its version works."""
     store = ds.LocalStore(tmp_path)
     v1 = store.put(KEY, b"one")
     run_dir = tmp_path / "wf" / "r"
     for name in os.listdir(run_dir):
         if name.startswith(".v-"):
             os.unlink(run_dir / name)
-    with pytest.raises(ds.StoreError, match=r"missing.*durable-steps rm"):
-        store.get(KEY)
-    assert list(store.list("")) == []
+    data, version = store.get(KEY)  # type: ignore[misc]
+    assert data == b""
+    assert version != v1
+    [info] = store.list("")
+    assert (info.key, info.version, info.size) == (KEY, version, 0)
     with pytest.raises(ds.CheckpointConflict):
         store.put(KEY, b"two", match=v1)
-    store.delete(KEY)
+    store.delete(KEY, match=version)
     assert store.get(KEY) is None
     assert not run_dir.exists()
+
+
+def test_a_dangling_run_is_corrupt_and_rm_force_removes_it(tmp_path: Path) -> None:
+    """A run whose data file was removed by hand: wf.run says CorruptCheckpoint, ls shows
+    it as corrupt, and `durable-steps rm --force` removes it (it used to be stuck)."""
+    from durable_steps import cli
+
+    store = ds.LocalStore(tmp_path)
+    wf = ds.Workflow("wf", store=store)
+    wf.step(name="a")(lambda s: None)
+    wf.submit("r", {})
+    run_dir = tmp_path / "wf" / "r"
+    for name in os.listdir(run_dir):
+        if name.startswith(".v-"):
+            os.unlink(run_dir / name)
+    with pytest.raises(ds.CorruptCheckpoint):
+        wf.run("r")
+    assert cli.main(["--store", str(tmp_path), "rm", "wf/r", "--force"]) == 0
+    assert store.get(KEY) is None
 
 
 def test_an_interrupt_just_after_the_swap_keeps_the_new_checkpoint(

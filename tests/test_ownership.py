@@ -97,18 +97,31 @@ def test_this_process_clock_is_read_in_the_store_clock() -> None:
 
 
 def test_same_host_identity_is_more_than_the_hostname() -> None:
-    """A reboot frees a run at once; a container sharing the hostname but not the PID
-    namespace is another host (its lease counts, not our pid table)."""
+    """Another machine with our hostname (another boot id), or a container sharing it
+    (another PID namespace), is another host: judged by its lease, never by our pid table."""
     here = owner_record(host=_lease._HOST, pid=os.getpid(), boot=_lease._BOOT)
     here["pidns"] = _lease._PIDNS
     assert _lease.judge(here) == "gone"  # our pid, but no execution of ours holds it
-    rebooted = {**here, "pid": 1, "boot": "an-earlier-boot"}
     if _lease._BOOT is not None:
-        assert _lease.judge(rebooted) == "gone"
+        twin = {**here, "pid": 999_999, "boot": "another-machines-boot"}
+        assert _lease.judge(twin) == "live"  # its lease is on: it may well be running
+        assert _lease.judge({**twin, "until": time.time() - 1}) == "expired"  # claim first
     if _lease._PIDNS is not None:
         container = {**here, "pid": 999_999, "pidns": _lease._PIDNS + 1}
         assert _lease.judge(container) == "live"  # not our pid 999999: lease-based
         assert _lease.judge({**container, "pidns": _lease._PIDNS}) == "gone"
+
+
+def test_a_lease_record_is_never_believed_for_long() -> None:
+    """A record with no lease, or a lease of 1e308, is capped by the reader's lease or a
+    day after its write: a malformed record locks a run for a bounded time only."""
+    now = time.time()
+    no_lease = {k: v for k, v in owner_record(until=1e308).items() if k != "lease"}
+    assert _lease.judge(no_lease, now=now, since=now - 10, lease=60) == "live"
+    assert _lease.judge(no_lease, now=now, since=now - 61, lease=60) == "expired"
+    huge = owner_record(until=1e308, lease=1e308)
+    assert _lease.judge(huge, now=now, since=now - 3600) == "live"
+    assert _lease.judge(huge, now=now, since=now - 86_401) == "expired"
 
 
 @pytest.mark.parametrize("pid", [2**40, 0, -1, True, "1"])

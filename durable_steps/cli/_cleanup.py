@@ -36,17 +36,29 @@ def _cmd_rm(args: argparse.Namespace, store: Store, style: Style) -> int:
     if found is None:
         raise CommandError(f"run {name} not found (no checkpoint at {key!r})", EXIT_NOT_FOUND)
     header = peek_header(found[0], workflow, run_id)
+    if header is None and found[0] == b"" and args.force:
+        # What is left of a checkpoint whose bytes are gone (a local link whose
+        # file was removed by hand): nothing to protect, and no other way out.
+        store.delete(key, match=found[1])
+        echo(f"deleted {name} (an empty checkpoint object: its data was missing)")
+        return EXIT_OK
     if header is None:
         raise CommandError(
             f"{key!r} is not a durable_steps checkpoint of run {name}; refusing to delete it "
             "(remove it with your storage's own tools if it is not needed)",
             EXIT_REFUSED,
         )
-    status = run_status(str(header.get("status")), header.get("owner"), header.get("intent"))
+    status = run_status(
+        str(header.get("status")),
+        header.get("owner"),
+        header.get("intent"),
+        since=header.get("updated_at"),
+    )
     intent = header.get("intent")
     if not args.force and status == "running":
+        who = owner_text(header["owner"], status, since=header.get("updated_at"))
         raise CommandError(
-            f"run {name} is being run by {owner_text(header['owner'], status)}: wait for it "
+            f"run {name} is being run by {who}: wait for it "
             "(or stop that process); pass --force to delete it anyway",
             EXIT_REFUSED,
         )

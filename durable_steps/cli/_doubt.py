@@ -22,7 +22,9 @@ def _cmd_resolve(args: argparse.Namespace, store: Store, style: Style) -> int:
     header, _, _ = load(store, workflow, run_id)
     intent = header.intent
     if intent is None:
-        status = status_label(run_status(header.status, header.owner, intent))
+        status = status_label(
+            run_status(header.status, header.owner, intent, since=header.updated_at)
+        )
         raise CommandError(
             f"run {header.run} has no step in doubt (status {status}); nothing to resolve",
             EXIT_REFUSED,

@@ -155,8 +155,8 @@ def next_hint(header: ckpt.Checkpoint) -> str:
         pending = bool(intent) and intent.get("resolution") is None
         also = f"; {doubt}: if it did, `{PROG} resolve {name} --fired` first" if pending else ""
         return f"fix the cause, then rerun the workflow: it resumes at step {step!r}{also}"
-    if is_live(header.owner):
-        who = owner_text(header.owner, header.status)
+    if is_live(header.owner, since=header.updated_at):
+        who = owner_text(header.owner, header.status, since=header.updated_at)
         return f"it is being run by {who}: wait for it (`{PROG} show {name}` again to follow it)"
     resume = f"rerun the workflow or `{PROG} worker --app module:workflow`"
     if intent:
@@ -191,12 +191,12 @@ def describe(header: ckpt.Checkpoint, payload: bytes, size: int, style: Style) -
     else:
         step = header.steps[header.next_step] if header.next_step < n else "?"
         where = f"next step {step!r} ({header.next_step + 1} of {n}), iteration {header.iteration}"
-    status = run_status(header.status, header.owner, header.intent)
+    status = run_status(header.status, header.owner, header.intent, since=header.updated_at)
     lines = [f"{style.bold(clean(header.run))}  {style.status(status)}"]
     lines += _fields(
         [
             ("position" if status in ("running", *_FINISHED) else "stopped at", where),
-            ("owner", owner_text(header.owner, header.status)),
+            ("owner", owner_text(header.owner, header.status, since=header.updated_at)),
             ("committed", f"{header.committed} step commit{'s' * (header.committed != 1)}"),
             ("steps", " -> ".join(header.steps)),
             ("serializer", header.serializer),

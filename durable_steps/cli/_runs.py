@@ -71,7 +71,9 @@ class RunInfo:
             if raw is None:
                 problem = f"{key!r} holds the checkpoint of another run ({header.run})"
             else:
-                status = run_status(header.status, header.owner, header.intent)
+                status = run_status(
+                    header.status, header.owner, header.intent, since=header.updated_at
+                )
         except CorruptCheckpoint as exc:
             problem = exc.message
         return cls(workflow, run_id, key, len(data), raw, status, problem, version)
@@ -129,23 +131,26 @@ def locate(store: Store, ref: tuple[str | None, str]) -> tuple[str, str]:
     return workflows[0], run_id
 
 
-def run_status(status: str, owner: dict[str, Any] | None, intent: object) -> str:
+def run_status(
+    status: str, owner: dict[str, Any] | None, intent: object, *, since: object = None
+) -> str:
     """The status to show: a ``running`` run no live process owns is ``stopped``,
     or ``in_doubt`` if its ``intent`` is unresolved (the step may have fired).
+    ``since`` is the header's ``updated_at``, which bounds the lease.
     """
-    if status != "running" or is_live(owner):
+    if status != "running" or is_live(owner, since=since):
         return status
     pending = isinstance(intent, dict) and intent.get("resolution") is None
     return "in_doubt" if pending else "stopped"
 
 
-def owner_text(owner: dict[str, Any] | None, status: str) -> str:
+def owner_text(owner: dict[str, Any] | None, status: str, *, since: object = None) -> str:
     """Who runs a run: ``host:pid (lease ends in 42s)``, ``host:pid (gone)``, ``none``."""
     if not owner:
         return "none (stopped)" if status == "running" else "none"
     who = f"{owner.get('host')}:{owner.get('pid')}"
-    left = lease_end(owner) - time.time()
-    if is_live(owner):
+    left = lease_end(owner, since=since) - time.time()
+    if is_live(owner, since=since):
         return f"{who} (lease ends in {left:.0f}s)"
     # Not live with its lease left: an owner on this host whose process is gone.
     return f"{who} (gone)" if left > 0 else f"{who} (lease ended {human_age(-left)})"

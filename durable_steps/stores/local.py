@@ -24,7 +24,9 @@ never sees a new link with an old file or the reverse. ``list`` costs a
 ``readlink`` and a ``stat`` per object, no read; its version is exact unless
 the object changes between the two calls, which is all a change detector
 needs. A plain file at a key (a checkpoint copied in by hand) reads with an
-empty token and is replaced by a link on its next write.
+empty token and is replaced by a link on its next write; a link whose file was
+removed by hand reads (and lists) as an empty object, so the run is reported
+as corrupt and ``durable-steps rm --force`` removes it.
 
 Writes are atomic and durable: the new file is created in the same directory,
 written and fsynced, a link to it is made under a temporary name and renamed
@@ -164,10 +166,9 @@ class LocalStore:
                     )
                 except FileNotFoundError:
                     if link is not None and _readlink_or_none(path) == link:
-                        raise StoreError(
-                            f"{path} names {link}, which is missing: the store was changed "
-                            "by hand; delete the run (durable-steps rm) or restore the file"
-                        ) from None
+                        # Its file was removed by hand: an empty object, which the
+                        # run reports as corrupt and `rm --force` can remove.
+                        return b"", f"{link}:missing"
                     continue  # a writer replaced the link and removed the old file
                 except OSError as exc:
                     if exc.errno != errno.ELOOP:
@@ -263,9 +264,12 @@ class LocalStore:
                     raise CheckpointConflict(
                         f"{path} is not at version {match} any more; not deleted"
                     )
-                _remove_leftovers(dir_fd, path.name, keep=None)
+                # The link first, then its file: a reader that read the link just
+                # before finds the file gone and the link gone with it (absent),
+                # never a link naming a missing file.
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(path.name, dir_fd=dir_fd)
+                _remove_leftovers(dir_fd, path.name, keep=None)
                 os.fsync(dir_fd)
                 self._swept.discard(key)
                 with contextlib.suppress(OSError):  # not empty, or already gone
@@ -289,7 +293,8 @@ class LocalStore:
                 found = _stat_object(Path(dirpath, name))
                 if found is not None:
                     version, st = found
-                    yield ObjectInfo(key, version, st.st_size, st.st_mtime_ns / 1e9)
+                    size = 0 if version.endswith(":missing") else st.st_size
+                    yield ObjectInfo(key, version, size, st.st_mtime_ns / 1e9)
 
     def clock_skew(self) -> float:
         """0.0: the store's clock is this host's."""
@@ -368,9 +373,12 @@ def _stat_object(path: Path) -> tuple[str, os.stat_result] | None:
         try:
             st = os.stat(path if link is None else path.parent / link, follow_symlinks=False)
         except FileNotFoundError:
-            if _readlink_or_none(path) == link:
-                return None  # gone, or names a missing file: get() says what is wrong
-            continue  # swapped by a writer between the two calls
+            if link is None or _readlink_or_none(path) != link:
+                continue  # swapped by a writer between the two calls
+            try:  # a link whose file was removed by hand: listed, as an empty object
+                return f"{link}:missing", os.lstat(path)
+            except FileNotFoundError:
+                return None
         return _version(link, st), st
     return None
 
