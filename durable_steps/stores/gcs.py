@@ -71,8 +71,9 @@ def _is_transient(exc: BaseException) -> bool:
 
 
 def _describe(exc: BaseException | None) -> str:
+    # Not the message: google-api-core puts the whole answer's body (lines of XML) in it.
     if isinstance(exc, gexc.GoogleAPICallError):
-        return f"HTTP {_status(exc)} {clause(exc.message)}".rstrip()
+        return f"HTTP {_status(exc)}"
     return describe(exc)
 
 
@@ -209,7 +210,7 @@ class GCSStore:
             )
         else:
             hint = "see the cause below"
-        return refused("GCS", where, _describe(exc), hint)
+        return refused("GCS", where, f"HTTP {status} {clause(exc.message)}", hint)
 
     def clock_skew(self) -> float | None:
         """Seconds this host's clock is ahead of GCS's (latest response); None before any."""
