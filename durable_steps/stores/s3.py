@@ -255,6 +255,15 @@ class S3Store:
         """The longest one operation takes to give up on a silent service (see above)."""
         return self.options.worst_case_seconds
 
+    @property
+    def _sleep(self) -> Callable[[float], None]:
+        """The backoff's sleep (tests swap it on a live store)."""
+        return self._retry.sleep
+
+    @_sleep.setter
+    def _sleep(self, sleep: Callable[[float], None]) -> None:
+        self._retry.sleep = sleep
+
     # -- the service's clock ---------------------------------------------------
 
     def _on_response(self, http_response: Any = None, **_: Any) -> None:
