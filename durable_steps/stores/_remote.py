@@ -29,7 +29,7 @@ from __future__ import annotations
 import email.utils
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -42,6 +42,7 @@ from tenacity import (
 )
 
 from durable_steps.errors import CheckpointConflict, StoreError
+from durable_steps.stores._protocol import ObjectInfo
 
 __all__ = [
     "ClockSkew",
@@ -52,11 +53,14 @@ __all__ = [
     "conflict",
     "describe",
     "join_prefix",
+    "listing",
     "not_sent",
     "refused",
 ]
 
 T = TypeVar("T")
+Entry = tuple[str, str, int, float]  # a listed object: full name, version, size, modified
+Page = tuple[Iterable[Entry], "str | None"]  # a page of a listing and the next page's token
 
 log = logging.getLogger("durable_steps.stores")
 
@@ -248,6 +252,27 @@ class Retrier:
         """
         if read() is not None:
             raise conflict(where, match)
+
+
+def listing(page: Callable[[str | None], Page], base: str) -> Iterator[ObjectInfo]:
+    """Every object a listing names under ``base``, fetched page by page.
+
+    ``page(token)`` is one (retried) request: ``None`` asks for the first page,
+    and a page without a next token is the last. Each page is retried on its
+    own, so a transient fault mid-listing neither restarts nor duplicates the
+    listing. Keys are yielded relative to ``base``; a name outside it is
+    skipped.
+    """
+    token: str | None = None
+    while True:
+        entries, token = page(token)
+        for name, version, size, modified in entries:
+            if name.startswith(base):
+                yield ObjectInfo(
+                    key=name[len(base) :], version=version, size=size, modified=modified
+                )
+        if not token:
+            return
 
 
 class ClockSkew:

@@ -43,10 +43,12 @@ from durable_steps.errors import StoreError
 from durable_steps.stores._protocol import ObjectInfo
 from durable_steps.stores._remote import (
     ClockSkew,
+    Page,
     Retrier,
     Service,
     describe,
     join_prefix,
+    listing,
     refused,
 )
 
@@ -61,8 +63,6 @@ _CONNECTION_ERRORS = (
     IncompleteReadError,  # the body was cut off
 )
 _REFUSALS = frozenset({"BlobAlreadyExists", "ConditionNotMet"})
-
-_Page = tuple[list[Any], "str | None"]  # a page of listed objects and the next page's token
 
 
 def _status(exc: HttpResponseError) -> int:
@@ -304,30 +304,28 @@ class AzureBlobStore:
         transient fault mid-listing neither restarts nor duplicates the listing.
         """
         full = self._base + prefix
-        token: str | None = None
-        while True:
-            blobs, token = self._retry(self._list_page(full, token), "LIST", self._where(full))
-            for blob in blobs:
-                if not blob.name.startswith(self._base):
-                    continue
-                yield ObjectInfo(
-                    key=blob.name[len(self._base) :],
-                    version=_quoted(blob.etag),
-                    size=int(blob.size or 0),
-                    modified=blob.last_modified.timestamp() if blob.last_modified else 0.0,
-                )
-            if not token:
-                return
+        return listing(
+            lambda token: self._retry(self._list_page(full, token), "LIST", self._where(full)),
+            self._base,
+        )
 
-    def _list_page(self, full: str, token: str | None) -> Callable[[int], _Page]:
-        def once(_attempt: int) -> _Page:
+    def _list_page(self, full: str, token: str | None) -> Callable[[int], Page]:
+        def once(_attempt: int) -> Page:
             listing = self._container.list_blobs(
                 name_starts_with=full, results_per_page=self._page_size, **self._options
             )
             pages: Any = listing.by_page(continuation_token=token)  # an azure-core PageIterator
             page = next(pages, None)
-            blobs = [] if page is None else list(page)
-            return blobs, pages.continuation_token
+            entries = [
+                (
+                    blob.name,
+                    _quoted(blob.etag),
+                    int(blob.size or 0),
+                    blob.last_modified.timestamp() if blob.last_modified else 0.0,
+                )
+                for blob in ([] if page is None else page)
+            ]
+            return entries, pages.continuation_token
 
         return once
 

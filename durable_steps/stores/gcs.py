@@ -38,11 +38,13 @@ from durable_steps.errors import StoreError
 from durable_steps.stores._protocol import ObjectInfo
 from durable_steps.stores._remote import (
     ClockSkew,
+    Page,
     Retrier,
     Service,
     clause,
     describe,
     join_prefix,
+    listing,
     not_sent,
     refused,
 )
@@ -56,8 +58,6 @@ _CONNECTION_ERRORS = (
     requests.exceptions.ChunkedEncodingError,
     TransportError,  # google-auth could not reach the token endpoint
 )
-
-_Page = tuple[list[Any], "str | None"]  # a page of listed objects and the next page's token
 
 
 def _status(exc: BaseException) -> int:
@@ -297,23 +297,13 @@ class GCSStore:
         fault mid-listing neither restarts nor duplicates the listing.
         """
         full = self._base + prefix
-        token: str | None = None
-        while True:
-            blobs, token = self._retry(self._list_page(full, token), "LIST", self._where(full))
-            for blob in blobs:
-                if not blob.name.startswith(self._base):
-                    continue
-                yield ObjectInfo(
-                    key=blob.name[len(self._base) :],
-                    version=str(blob.generation),
-                    size=int(blob.size or 0),
-                    modified=blob.updated.timestamp() if blob.updated else 0.0,
-                )
-            if not token:
-                return
+        return listing(
+            lambda token: self._retry(self._list_page(full, token), "LIST", self._where(full)),
+            self._base,
+        )
 
-    def _list_page(self, full: str, token: str | None) -> Callable[[int], _Page]:
-        def once(_attempt: int) -> _Page:
+    def _list_page(self, full: str, token: str | None) -> Callable[[int], Page]:
+        def once(_attempt: int) -> Page:
             iterator = self._client.list_blobs(
                 self._bucket,
                 prefix=full,
@@ -323,8 +313,16 @@ class GCSStore:
                 timeout=self._timeout,
             )
             page = next(iterator.pages, None)
-            blobs = [] if page is None else list(page)
-            return blobs, iterator.next_page_token
+            entries = [
+                (
+                    blob.name,
+                    str(blob.generation),
+                    int(blob.size or 0),
+                    blob.updated.timestamp() if blob.updated else 0.0,
+                )
+                for blob in ([] if page is None else page)
+            ]
+            return entries, iterator.next_page_token
 
         return once
 

@@ -57,7 +57,7 @@ from durable_steps.errors import (
     StoreError,
 )
 from durable_steps.stores._protocol import ObjectInfo
-from durable_steps.stores._remote import ClockSkew, Retrier, join_prefix
+from durable_steps.stores._remote import ClockSkew, Page, Retrier, join_prefix, listing
 from durable_steps.stores._s3options import S3Options, parse_query, resolve
 from durable_steps.stores._s3wire import (
     MISSING_KEY_CODES,
@@ -74,7 +74,6 @@ from durable_steps.stores._s3wire import (
 
 if TYPE_CHECKING:
     from mypy_boto3_s3 import S3Client
-    from mypy_boto3_s3.type_defs import ListObjectsV2OutputTypeDef
 
 __all__ = ["S3Store"]
 
@@ -467,32 +466,29 @@ class S3Store:
         duplicates the listing.
         """
         full = self._key(prefix)
-        token: str | None = None
-        while True:
-            page = self._retry(self._list_page(full, token), "LIST", self._where(full))
-            for obj in page.get("Contents", []):
-                name = obj.get("Key", "")
-                if not name.startswith(self._base):
-                    continue
-                yield ObjectInfo(
-                    key=name[len(self._base) :],
-                    version=obj.get("ETag", ""),
-                    size=obj.get("Size", 0),
-                    modified=obj["LastModified"].timestamp() if "LastModified" in obj else 0.0,
-                )
-            token = page.get("NextContinuationToken")
-            if not page.get("IsTruncated") or not token:
-                return
+        return listing(
+            lambda token: self._retry(self._list_page(full, token), "LIST", self._where(full)),
+            self._base,
+        )
 
-    def _list_page(
-        self, full: str, token: str | None
-    ) -> Callable[[int], ListObjectsV2OutputTypeDef]:
-        def once(_attempt: int) -> ListObjectsV2OutputTypeDef:
+    def _list_page(self, full: str, token: str | None) -> Callable[[int], Page]:
+        def once(_attempt: int) -> Page:
             if token is None:
-                return self._client.list_objects_v2(Bucket=self.bucket, Prefix=full)
-            return self._client.list_objects_v2(
-                Bucket=self.bucket, Prefix=full, ContinuationToken=token
-            )
+                page = self._client.list_objects_v2(Bucket=self.bucket, Prefix=full)
+            else:
+                page = self._client.list_objects_v2(
+                    Bucket=self.bucket, Prefix=full, ContinuationToken=token
+                )
+            entries = [
+                (
+                    obj.get("Key", ""),
+                    obj.get("ETag", ""),
+                    obj.get("Size", 0),
+                    obj["LastModified"].timestamp() if "LastModified" in obj else 0.0,
+                )
+                for obj in page.get("Contents", [])
+            ]
+            return entries, page.get("NextContinuationToken") if page.get("IsTruncated") else None
 
         return once
 
