@@ -16,8 +16,10 @@ lives here once:
   which landed while its response was lost: the object is read back, and if
   it holds exactly the bytes being written, the write is ours and its version
   is returned.
+* :func:`listing` — a listing fetched page by page, each page retried on
+  its own.
 * :class:`ClockSkew` — how far this host's clock is ahead of the service's,
-  from the ``Date`` header of the latest answer.
+  from the ``Date`` header of the latest answer below 500.
 
 Each store keeps its own :class:`Service`: which faults are transient, which
 are a lost connection, how a fault reads in a sentence, and what a refusal

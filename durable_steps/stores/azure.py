@@ -311,10 +311,10 @@ class AzureBlobStore:
 
     def _list_page(self, full: str, token: str | None) -> Callable[[int], Page]:
         def once(_attempt: int) -> Page:
-            listing = self._container.list_blobs(
+            blobs = self._container.list_blobs(
                 name_starts_with=full, results_per_page=self._page_size, **self._options
             )
-            pages: Any = listing.by_page(continuation_token=token)  # an azure-core PageIterator
+            pages: Any = blobs.by_page(continuation_token=token)  # an azure-core PageIterator
             page = next(pages, None)
             entries = [
                 (
