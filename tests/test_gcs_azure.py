@@ -8,9 +8,14 @@ test_store_conformance.py; here are what is particular to these two stores.
 
 from __future__ import annotations
 
+import email.utils
+import http.server
 import logging
+import re
 import subprocess
 import sys
+import threading
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -20,6 +25,7 @@ import pytest
 import requests
 
 import durable_steps as ds
+from durable_steps.stores import _remote
 from durable_steps.stores._remote import ClockSkew
 from tests import test_crash as crash_suite
 from tests import test_runner as runner_suite
@@ -594,3 +600,81 @@ def test_sigkill_then_resume(
 ) -> None:
     """test_crash.py's SIGKILL check (a child killed at a write boundary, then resumed)."""
     crash_suite.test_sigkill_then_resume_matches_uncrashed_run(harness, crash)
+
+
+# -- what the shared retry loop (_remote.py) says and measures ------------------
+
+
+class _Busy(http.server.BaseHTTPRequestHandler):
+    """Answers 503 (a body of several lines) to everything, dated an hour behind us."""
+
+    def date_time_string(self, timestamp: float | None = None) -> str:
+        return email.utils.formatdate(time.time() - 3600, usegmt=True)
+
+    def do_GET(self) -> None:
+        body = b'<?xml version="1.0"?>\n<Error>\n<Code>ServerBusy</Code>\n</Error>'
+        self.send_response(503)
+        self.send_header("x-ms-error-code", "ServerBusy")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *_args: Any) -> None:
+        pass
+
+
+@pytest.fixture
+def busy() -> Iterator[str]:
+    """The URL of a real HTTP server that is always busy (see _Busy)."""
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Busy)
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{httpd.server_address[1]}"
+    httpd.shutdown()
+    httpd.server_close()
+    thread.join(timeout=10)
+
+
+def test_busy_service_is_logged_on_one_line_and_not_read_for_the_clock(
+    kind: str, server: CloudServer, bucket: str, busy: str, caplog: Any
+) -> None:
+    """503s: each retry is one log line naming service, op and object; the StoreError counts
+    attempts and seconds; the Date of a 5xx answer (an hour off) is no clock reading."""
+    s = server.open(bucket, "busy", endpoint_url=busy, retry_attempts=2, sleep=lambda _: None)
+    with (
+        caplog.at_level(logging.WARNING, "durable_steps.stores"),
+        pytest.raises(ds.StoreError) as info,
+    ):
+        s.get("wf/k")
+    (line,) = [r.getMessage() for r in caplog.records if r.name == "durable_steps.stores"]
+    service = {"gcs": "GCS", "azure": "Azure Blob Storage"}[kind]
+    assert line.startswith(f"{service} GET "), line
+    assert "/busy/wf/k: attempt 1 of 2 failed" in line
+    assert "HTTP 503" in line
+    assert "\n" not in line
+    assert re.search(
+        r"kept failing for GET \S+/busy/wf/k: .*HTTP 503\)? after 2 attempts in \d+\.\d s\.",
+        str(info.value),
+    ), info.value
+    assert s.clock_skew() is None
+    s.close()
+
+
+def test_a_single_attempt_is_counted_as_one(server: CloudServer, bucket: str) -> None:
+    """retry_attempts=1 at a dead endpoint: 'after 1 attempt in N s', not '1 attempts'."""
+    s = server.open(bucket, "p", endpoint_url=f"http://127.0.0.1:{free_port()}", retry_attempts=1)
+    with pytest.raises(ds.StoreError, match=r"cannot reach .* after 1 attempt in \d+\.\d s: "):
+        s.get("wf/k")
+    s.close()
+
+
+def test_clock_skew_reads_the_middle_of_the_dated_second(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A Date of this very second reads as half a second ahead of us (its midpoint); a 5xx
+    answer's Date is not read."""
+    now = 1_800_000_000.0
+    monkeypatch.setattr(_remote.time, "time", lambda: now)
+    reading = ClockSkew()
+    reading.observe(email.utils.formatdate(now, usegmt=True), 200)
+    assert reading.value == -0.5
+    reading.observe(email.utils.formatdate(now - 60, usegmt=True), 503)
+    assert reading.value == -0.5

@@ -371,3 +371,21 @@ def test_lost_write_then_5xx_is_a_store_error(
     assert not isinstance(info.value, CheckpointConflict)
     assert store.get("wf/r/checkpoint") is not None  # it had landed
     store.close()
+
+
+def test_write_kept_after_a_lost_response_is_logged(
+    env: S3Server, bucket: str, proxy: FaultProxy, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A PUT that landed but lost its answer: the refused retry is read back, kept, and
+    logged at WARNING (as GCSStore and AzureBlobStore do)."""
+    store = via(proxy, bucket)
+    store.check_conditional_writes()
+    proxy.drop_after(method="PUT")
+    with caplog.at_level(logging.WARNING, logger="durable_steps"):
+        version = store.put("wf/r/checkpoint", b"ours")
+    assert store.get("wf/r/checkpoint") == (b"ours", version)
+    (kept,) = [r for r in caplog.records if "refused by our own earlier attempt" in r.getMessage()]
+    assert kept.name == "durable_steps"
+    assert f"s3://{bucket}/p/wf/r/checkpoint" in kept.getMessage()
+    assert version in kept.getMessage()
+    store.close()

@@ -1,9 +1,9 @@
-"""S3Store's retry loop, and its reading of what botocore answers or raises.
+"""S3Store's reading of what botocore answers or raises, and its probe verdicts.
 
 Kept apart from :mod:`durable_steps.stores.s3` so that the store reads as the
 write protocol, and this as S3's (and botocore's) ways to fail and what each
-becomes: a retry, logged at WARNING on ``durable_steps``, or a StoreError; plus
-the service's clock, read off the ``Date`` of its answers.
+becomes: the :class:`~durable_steps.stores._remote.Service` that the shared
+retry loop of :mod:`durable_steps.stores._remote` is given.
 """
 
 from __future__ import annotations
@@ -11,10 +11,8 @@ from __future__ import annotations
 import logging
 import os
 import threading
-import time
 from collections.abc import Callable
-from email.utils import parsedate_to_datetime
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlparse
 
 from botocore.exceptions import (
@@ -25,22 +23,15 @@ from botocore.exceptions import (
     SSLError,
 )
 from botocore.exceptions import ConnectionError as BotocoreConnectionError
-from tenacity import (
-    RetryCallState,
-    Retrying,
-    retry_if_exception,
-    stop_after_attempt,
-    wait_random_exponential,
-)
 from urllib3.exceptions import HTTPError as URLLib3Error
 
 from durable_steps.errors import StoreError
-from durable_steps.stores._s3options import S3Options
+from durable_steps.stores._remote import Service, describe, not_sent, refused
 
 if TYPE_CHECKING:
     from mypy_boto3_s3 import S3Client
 
-T = TypeVar("T")
+# S3Store has always logged its retries on the package's own logger.
 logger = logging.getLogger("durable_steps")
 
 # Error codes worth another attempt, whatever their HTTP status.
@@ -77,19 +68,11 @@ def http_status(exc: ClientError) -> int:
     return int(exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0))
 
 
-def clause(exc: BaseException) -> str:
-    """An exception's text without its closing punctuation, to embed in a sentence."""
-    return str(exc).strip().rstrip(".!?;:, ")
-
-
-def describe(exc: BaseException | None) -> str:
+def describe_s3(exc: BaseException | None) -> str:
+    """A fault in a few words: an S3 error code and status, or botocore's exception."""
     if isinstance(exc, ClientError):
         return f"{error_code(exc) or 'error'} (HTTP {http_status(exc)})"
-    return f"{type(exc).__name__}: {clause(exc)}" if exc is not None else "no answer"
-
-
-def attempts_text(n: int) -> str:
-    return f"{n} attempt{'s' if n != 1 else ''}"
+    return describe(exc)
 
 
 def botocore_retries(client: S3Client) -> bool:
@@ -124,90 +107,26 @@ def ignores_conditions(endpoint_url: str) -> bool:
     return host.endswith("googleapis.com") and host.startswith("storage")
 
 
-def date_skew(http_response: Any, received: float) -> float | None:
-    """How far ``received`` (local epoch seconds) is ahead of the response's ``Date``.
+def service(bucket: str, endpoint: str) -> Service:
+    """S3 at ``endpoint`` as the shared retry loop sees it."""
 
-    ``None`` for an answer without a usable ``Date`` or with a 5xx status (a
-    load balancer or proxy with its own clock may have written it). ``Date``
-    has a resolution of one second, so its midpoint is the best estimate.
-    """
-    if http_response is None or http_response.status_code >= 500:
-        return None
-    date = http_response.headers.get("Date")
-    try:
-        stamped = parsedate_to_datetime(date).timestamp() if date else None
-    except (TypeError, ValueError):
-        return None
-    return None if stamped is None else received - (stamped + 0.5)
+    def refusal(exc: BaseException, where: str) -> StoreError | None:
+        if isinstance(exc, ClientError):
+            return client_error(exc, where, bucket, endpoint)
+        if isinstance(exc, BotoCoreError):  # no credentials, a bad parameter, a failed refresh
+            check = "the AWS configuration (credentials, profile, region)"
+            return not_sent("S3", where, exc, check)
+        return None  # ours (CheckpointConflict, a missing ETag): unchanged
 
-
-def with_retries(
-    fn: Callable[[int], T],
-    op: str,
-    *,
-    where: str,
-    bucket: str,
-    endpoint: str,
-    options: S3Options,
-    sleep: Callable[[float], None],
-) -> T:
-    """Call ``fn(attempt_number)`` for ``op`` on ``where``, retrying transient faults.
-
-    Every retry is logged at WARNING; the last fault, and any other botocore
-    exception, becomes a :class:`~durable_steps.StoreError` (whatever ``fn``
-    raises of ours, such as CheckpointConflict, passes through).
-    """
-    n = options.retry_attempts
-
-    def log_retry(state: RetryCallState) -> None:
-        exc = state.outcome.exception() if state.outcome is not None else None
-        wait = state.next_action.sleep if state.next_action is not None else 0.0
-        logger.warning(
-            "S3 %s %s: attempt %d of %d failed (%s); retrying in %.2f s",
-            op,
-            where,
-            state.attempt_number,
-            n,
-            describe(exc),
-            wait,
-        )
-
-    retrying = Retrying(
-        stop=stop_after_attempt(n),
-        wait=wait_random_exponential(multiplier=options.retry_wait, max=options.retry_max_wait),
-        retry=retry_if_exception(is_transient),
-        before_sleep=log_retry,
-        sleep=sleep,
-        reraise=True,
+    return Service(
+        name="S3",
+        endpoint=endpoint,
+        transient=is_transient,
+        connection_errors=CONNECTION_ERRORS,
+        refusal=refusal,
+        describe=describe_s3,
+        logger=logger,
     )
-    tried, started = 0, time.monotonic()
-    try:
-        for attempt in retrying:
-            with attempt:
-                tried = attempt.retry_state.attempt_number
-                return fn(tried)
-    except ClientError as exc:
-        if is_transient(exc):
-            raise StoreError(
-                f"S3 kept failing for {op} {where}: {error_code(exc)} "
-                f"(HTTP {http_status(exc)}) after {attempts_text(tried)} in "
-                f"{time.monotonic() - started:.1f} s. The service is unavailable or "
-                "throttling; rerun later (the run resumes)."
-            ) from exc
-        raise client_error(exc, where, bucket, endpoint) from exc
-    except CONNECTION_ERRORS as exc:
-        raise StoreError(
-            f"cannot reach S3 for {op} {where} at {endpoint} "
-            f"after {attempts_text(tried)} in {time.monotonic() - started:.1f} s: "
-            f"{clause(exc)}. Check the endpoint URL and the network; rerun later "
-            "(the run resumes)."
-        ) from exc
-    except BotoCoreError as exc:  # no credentials, a bad parameter, a failed refresh...
-        raise StoreError(
-            f"S3 request for {where} failed before it was sent: "
-            f"{clause(exc)}. Check the AWS configuration (credentials, profile, region)."
-        ) from exc
-    raise AssertionError("unreachable: tenacity either returns or raises")  # pragma: no cover
 
 
 def client_error(exc: ClientError, where: str, bucket: str, endpoint: str) -> StoreError:
@@ -227,7 +146,7 @@ def client_error(exc: ClientError, where: str, bucket: str, endpoint: str) -> St
         )
     else:
         hint = "see the cause below"
-    return StoreError(f"S3 refused a request for {where}: {code} (HTTP {status}); {hint}.")
+    return refused("S3", where, describe_s3(exc), hint)
 
 
 def etag_of(response: Any, where: str) -> str:

@@ -25,7 +25,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable, Iterator
-from typing import Any, NoReturn
+from typing import Any
 
 from azure.core import MatchConditions
 from azure.core.exceptions import (
@@ -43,12 +43,13 @@ from durable_steps.errors import StoreError
 from durable_steps.stores._protocol import ObjectInfo
 from durable_steps.stores._remote import (
     ClockSkew,
+    Page,
     Retrier,
+    Service,
+    describe,
     join_prefix,
-    kept_failing,
-    refused_delete,
-    refused_write,
-    unreachable,
+    listing,
+    refused,
 )
 
 __all__ = ["CONNECTION_STRING_ENV", "AzureBlobStore"]
@@ -62,8 +63,6 @@ _CONNECTION_ERRORS = (
     IncompleteReadError,  # the body was cut off
 )
 _REFUSALS = frozenset({"BlobAlreadyExists", "ConditionNotMet"})
-
-_Page = tuple[list[Any], "str | None"]  # a page of listed objects and the next page's token
 
 
 def _status(exc: HttpResponseError) -> int:
@@ -79,6 +78,12 @@ def _is_transient(exc: BaseException) -> bool:
     if isinstance(exc, _CONNECTION_ERRORS):
         return True
     return isinstance(exc, HttpResponseError) and _status(exc) in _TRANSIENT_STATUS
+
+
+def _describe(exc: BaseException | None) -> str:
+    if isinstance(exc, HttpResponseError) and not isinstance(exc, _CONNECTION_ERRORS):
+        return f"{_code(exc) or 'error'} (HTTP {_status(exc)})"
+    return describe(exc)
 
 
 def _refused(exc: HttpResponseError) -> bool:
@@ -129,13 +134,6 @@ class AzureBlobStore:
         self.container = container
         self.prefix = join_prefix(prefix)
         self._base = f"{self.prefix}/" if self.prefix else ""
-        self._retry = Retrier(
-            _is_transient,
-            attempts=retry_attempts,
-            wait=retry_wait,
-            max_wait=retry_max_wait,
-            sleep=sleep,
-        )
         self._skew = ClockSkew()
         # Per-call options: no azure-core retries, our timeouts, the Date hook.
         self._options: dict[str, Any] = {
@@ -168,6 +166,17 @@ class AzureBlobStore:
             self._container = client
         else:
             self._container = client.get_container_client(container)
+        service = Service(
+            name="Azure Blob Storage",
+            endpoint=self._container.url,
+            transient=_is_transient,
+            connection_errors=_CONNECTION_ERRORS,
+            refusal=self._refusal,
+            describe=_describe,
+        )
+        self._retry = Retrier(
+            service, attempts=retry_attempts, wait=retry_wait, max_wait=retry_max_wait, sleep=sleep
+        )
 
     def __repr__(self) -> str:
         return f"AzureBlobStore('az://{self.container}/{self.prefix}')"
@@ -175,35 +184,16 @@ class AzureBlobStore:
     # -- helpers ---------------------------------------------------------------
 
     def _observe(self, response: PipelineResponse[Any, Any]) -> None:
-        self._skew.observe(response.http_response.headers.get("Date"))
+        answer = response.http_response
+        self._skew.observe(answer.headers.get("Date"), answer.status_code)
 
     def _where(self, full_key: str) -> str:
         return f"az://{self.container}/{full_key}"
 
-    def _call(self, fn: Callable[[int], Any], full_key: str) -> Any:
-        """Run ``fn(attempt)`` with retries; turn what is left into StoreError."""
-        where = self._where(full_key)
-        try:
-            return self._retry(fn, where)
-        except _CONNECTION_ERRORS as exc:
-            raise StoreError(
-                unreachable(
-                    "Azure Blob Storage", where, self._container.url, exc, self._retry.attempts
-                )
-            ) from exc
-        except HttpResponseError as exc:
-            if _is_transient(exc):
-                raise StoreError(
-                    kept_failing(
-                        "Azure Blob Storage",
-                        where,
-                        f"{_code(exc) or 'error'} (HTTP {_status(exc)})",
-                        self._retry.attempts,
-                    )
-                ) from exc
-            self._raise_refused(exc, where)
-
-    def _raise_refused(self, exc: HttpResponseError, where: str) -> NoReturn:
+    def _refusal(self, exc: BaseException, where: str) -> StoreError | None:
+        """The StoreError for a fault that is not transient; None: let it propagate."""
+        if not isinstance(exc, HttpResponseError):
+            return None
         code, status = _code(exc), _status(exc)
         if code == "ContainerNotFound":
             hint = (
@@ -220,10 +210,7 @@ class AzureBlobStore:
             )
         else:
             hint = "see the cause below"
-        raise StoreError(
-            f"Azure Blob Storage refused a request for {where}: {code or 'error'} "
-            f"(HTTP {status}); {hint}."
-        ) from exc
+        return refused("Azure Blob Storage", where, _describe(exc), hint)
 
     def clock_skew(self) -> float | None:
         """Seconds this host's clock is ahead of the service's (latest response); None before."""
@@ -234,7 +221,7 @@ class AzureBlobStore:
     def get(self, key: str) -> tuple[bytes, str] | None:
         """Return ``(bytes, ETag)`` of ``key``, or ``None`` if it does not exist."""
         full = self._base + key
-        return self._call(lambda _attempt: self._get_once(full), full)  # type: ignore[no-any-return]
+        return self._retry(lambda _attempt: self._get_once(full), "GET", self._where(full))
 
     def _get_once(self, full: str) -> tuple[bytes, str] | None:
         try:
@@ -272,7 +259,7 @@ class AzureBlobStore:
                 gone = match is not None and _code(exc) == "BlobNotFound"
                 if not (_refused(exc) or gone):
                     raise
-                return refused_write(
+                return self._retry.refused_write(
                     attempt=attempt,
                     data=data,
                     match=match,
@@ -281,7 +268,7 @@ class AzureBlobStore:
                 )
             return _quoted(written["etag"])
 
-        return self._call(once, full)  # type: ignore[no-any-return]
+        return self._retry(once, "PUT", self._where(full))
 
     def delete(self, key: str, *, match: str | None = None) -> None:
         """Remove ``key``; a missing key is not an error.
@@ -304,11 +291,11 @@ class AzureBlobStore:
                     return  # gone already (perhaps by our own attempt whose answer was lost)
                 if not _refused(exc):
                     raise
-                refused_delete(
+                self._retry.refused_delete(
                     match=match, where=self._where(full), read=lambda: self._get_once(full)
                 )
 
-        self._call(once, full)
+        self._retry(once, "DELETE", self._where(full))
 
     def list(self, prefix: str) -> Iterator[ObjectInfo]:
         """Yield every blob whose key (relative to the store) starts with ``prefix``.
@@ -317,30 +304,28 @@ class AzureBlobStore:
         transient fault mid-listing neither restarts nor duplicates the listing.
         """
         full = self._base + prefix
-        token: str | None = None
-        while True:
-            blobs, token = self._call(self._list_page(full, token), full)
-            for blob in blobs:
-                if not blob.name.startswith(self._base):
-                    continue
-                yield ObjectInfo(
-                    key=blob.name[len(self._base) :],
-                    version=_quoted(blob.etag),
-                    size=int(blob.size or 0),
-                    modified=blob.last_modified.timestamp() if blob.last_modified else 0.0,
-                )
-            if not token:
-                return
+        return listing(
+            lambda token: self._retry(self._list_page(full, token), "LIST", self._where(full)),
+            self._base,
+        )
 
-    def _list_page(self, full: str, token: str | None) -> Callable[[int], _Page]:
-        def once(_attempt: int) -> _Page:
-            listing = self._container.list_blobs(
+    def _list_page(self, full: str, token: str | None) -> Callable[[int], Page]:
+        def once(_attempt: int) -> Page:
+            blobs = self._container.list_blobs(
                 name_starts_with=full, results_per_page=self._page_size, **self._options
             )
-            pages: Any = listing.by_page(continuation_token=token)  # an azure-core PageIterator
+            pages: Any = blobs.by_page(continuation_token=token)  # an azure-core PageIterator
             page = next(pages, None)
-            blobs = [] if page is None else list(page)
-            return blobs, pages.continuation_token
+            entries = [
+                (
+                    blob.name,
+                    _quoted(blob.etag),
+                    int(blob.size or 0),
+                    blob.last_modified.timestamp() if blob.last_modified else 0.0,
+                )
+                for blob in ([] if page is None else page)
+            ]
+            return entries, pages.continuation_token
 
         return once
 

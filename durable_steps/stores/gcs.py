@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator
-from typing import Any, NoReturn
+from typing import Any
 
 import requests
 from google.api_core import exceptions as gexc
@@ -38,12 +38,15 @@ from durable_steps.errors import StoreError
 from durable_steps.stores._protocol import ObjectInfo
 from durable_steps.stores._remote import (
     ClockSkew,
+    Page,
     Retrier,
+    Service,
+    clause,
+    describe,
     join_prefix,
-    kept_failing,
-    refused_delete,
-    refused_write,
-    unreachable,
+    listing,
+    not_sent,
+    refused,
 )
 
 __all__ = ["GCSStore"]
@@ -56,8 +59,6 @@ _CONNECTION_ERRORS = (
     TransportError,  # google-auth could not reach the token endpoint
 )
 
-_Page = tuple[list[Any], "str | None"]  # a page of listed objects and the next page's token
-
 
 def _status(exc: BaseException) -> int:
     return int(getattr(exc, "code", 0) or 0)
@@ -67,6 +68,13 @@ def _is_transient(exc: BaseException) -> bool:
     if isinstance(exc, gexc.GoogleAPICallError):
         return _status(exc) in _TRANSIENT_STATUS
     return isinstance(exc, (*_CONNECTION_ERRORS, DataCorruption))
+
+
+def _describe(exc: BaseException | None) -> str:
+    # Not the message: google-api-core puts the whole answer's body (lines of XML) in it.
+    if isinstance(exc, gexc.GoogleAPICallError):
+        return f"HTTP {_status(exc)}"
+    return describe(exc)
 
 
 def _skew_of(client: Any) -> ClockSkew:
@@ -85,7 +93,7 @@ def _skew_of(client: Any) -> ClockSkew:
         observe = skew.observe
 
         def hook(response: requests.Response, *_args: Any, **_kwargs: Any) -> None:
-            observe(response.headers.get("Date"))
+            observe(response.headers.get("Date"), response.status_code)
 
         session.hooks["response"].append(hook)
         session._durable_steps_skew = skew
@@ -134,13 +142,6 @@ class GCSStore:
         self.bucket = bucket
         self.prefix = join_prefix(prefix)
         self._base = f"{self.prefix}/" if self.prefix else ""
-        self._retry = Retrier(
-            _is_transient,
-            attempts=retry_attempts,
-            wait=retry_wait,
-            max_wait=retry_max_wait,
-            sleep=sleep,
-        )
         self._timeout = (connect_timeout, read_timeout)
         self._owns_client = client is None
         if client is None:
@@ -161,6 +162,19 @@ class GCSStore:
         self._client: Any = client
         self._bucket = client.bucket(bucket)
         self._skew = _skew_of(client)
+        connection = getattr(client, "_connection", None)
+        service = Service(
+            name="GCS",
+            endpoint=str(getattr(connection, "API_BASE_URL", "the storage endpoint")),
+            transient=_is_transient,
+            # A download whose checksum does not match: the bytes were damaged on the way.
+            connection_errors=(*_CONNECTION_ERRORS, DataCorruption),
+            refusal=self._refusal,
+            describe=_describe,
+        )
+        self._retry = Retrier(
+            service, attempts=retry_attempts, wait=retry_wait, max_wait=retry_max_wait, sleep=sleep
+        )
 
     def __repr__(self) -> str:
         return f"GCSStore('gs://{self.bucket}/{self.prefix}')"
@@ -170,35 +184,17 @@ class GCSStore:
     def _where(self, full_key: str) -> str:
         return f"gs://{self.bucket}/{full_key}"
 
-    def _call(self, fn: Callable[[int], Any], full_key: str) -> Any:
-        """Run ``fn(attempt)`` with retries; turn what is left into StoreError."""
-        where = self._where(full_key)
-        try:
-            return self._retry(fn, where)
-        except gexc.GoogleAPICallError as exc:
-            if _is_transient(exc):
-                raise StoreError(
-                    kept_failing("GCS", where, f"HTTP {_status(exc)}", self._retry.attempts)
-                ) from exc
-            self._raise_refused(exc, where)
-        except (*_CONNECTION_ERRORS, DataCorruption) as exc:
-            endpoint = getattr(self._client, "_connection", None)
-            raise StoreError(
-                unreachable(
-                    "GCS",
-                    where,
-                    str(getattr(endpoint, "API_BASE_URL", "the storage endpoint")),
-                    exc,
-                    self._retry.attempts,
-                )
-            ) from exc
-        except GoogleAuthError as exc:  # expired or revoked credentials, a failed refresh
-            raise StoreError(
-                f"GCS request for {where} failed before it was sent: {exc}. Check the "
-                "Google Cloud credentials (gcloud auth application-default login)."
-            ) from exc
-
-    def _raise_refused(self, exc: gexc.GoogleAPICallError, where: str) -> NoReturn:
+    def _refusal(self, exc: BaseException, where: str) -> StoreError | None:
+        """The StoreError for a fault that is not transient; None: let it propagate."""
+        if isinstance(exc, GoogleAuthError):  # expired or revoked credentials, a failed refresh
+            return not_sent(
+                "GCS",
+                where,
+                exc,
+                "the Google Cloud credentials (gcloud auth application-default login)",
+            )
+        if not isinstance(exc, gexc.GoogleAPICallError):
+            return None
         status = _status(exc)
         if status == 404:
             hint = (
@@ -214,9 +210,7 @@ class GCSStore:
             )
         else:
             hint = "see the cause below"
-        raise StoreError(
-            f"GCS refused a request for {where}: HTTP {status} {exc.message}; {hint}."
-        ) from exc
+        return refused("GCS", where, f"HTTP {status} {clause(exc.message)}", hint)
 
     def clock_skew(self) -> float | None:
         """Seconds this host's clock is ahead of GCS's (latest response); None before any."""
@@ -227,7 +221,7 @@ class GCSStore:
     def get(self, key: str) -> tuple[bytes, str] | None:
         """Return ``(bytes, generation)`` of ``key``, or ``None`` if it does not exist."""
         full = self._base + key
-        return self._call(lambda _attempt: self._get_once(full), full)  # type: ignore[no-any-return]
+        return self._retry(lambda _attempt: self._get_once(full), "GET", self._where(full))
 
     def _get_once(self, full: str) -> tuple[bytes, str] | None:
         blob = self._bucket.blob(full)
@@ -259,7 +253,7 @@ class GCSStore:
                     timeout=self._timeout,
                 )
             except gexc.PreconditionFailed:
-                return refused_write(
+                return self._retry.refused_write(
                     attempt=attempt,
                     data=data,
                     match=match,
@@ -268,7 +262,7 @@ class GCSStore:
                 )
             return str(blob.generation)
 
-        return self._call(once, full)  # type: ignore[no-any-return]
+        return self._retry(once, "PUT", self._where(full))
 
     def delete(self, key: str, *, match: str | None = None) -> None:
         """Remove ``key``; a missing key is not an error.
@@ -290,11 +284,11 @@ class GCSStore:
             except gexc.NotFound:
                 return  # gone already (perhaps by our own attempt whose answer was lost)
             except gexc.PreconditionFailed:
-                refused_delete(
+                self._retry.refused_delete(
                     match=match, where=self._where(full), read=lambda: self._get_once(full)
                 )
 
-        self._call(once, full)
+        self._retry(once, "DELETE", self._where(full))
 
     def list(self, prefix: str) -> Iterator[ObjectInfo]:
         """Yield every object whose key (relative to the store) starts with ``prefix``.
@@ -303,23 +297,13 @@ class GCSStore:
         fault mid-listing neither restarts nor duplicates the listing.
         """
         full = self._base + prefix
-        token: str | None = None
-        while True:
-            blobs, token = self._call(self._list_page(full, token), full)
-            for blob in blobs:
-                if not blob.name.startswith(self._base):
-                    continue
-                yield ObjectInfo(
-                    key=blob.name[len(self._base) :],
-                    version=str(blob.generation),
-                    size=int(blob.size or 0),
-                    modified=blob.updated.timestamp() if blob.updated else 0.0,
-                )
-            if not token:
-                return
+        return listing(
+            lambda token: self._retry(self._list_page(full, token), "LIST", self._where(full)),
+            self._base,
+        )
 
-    def _list_page(self, full: str, token: str | None) -> Callable[[int], _Page]:
-        def once(_attempt: int) -> _Page:
+    def _list_page(self, full: str, token: str | None) -> Callable[[int], Page]:
+        def once(_attempt: int) -> Page:
             iterator = self._client.list_blobs(
                 self._bucket,
                 prefix=full,
@@ -329,8 +313,16 @@ class GCSStore:
                 timeout=self._timeout,
             )
             page = next(iterator.pages, None)
-            blobs = [] if page is None else list(page)
-            return blobs, iterator.next_page_token
+            entries = [
+                (
+                    blob.name,
+                    str(blob.generation),
+                    int(blob.size or 0),
+                    blob.updated.timestamp() if blob.updated else 0.0,
+                )
+                for blob in ([] if page is None else page)
+            ]
+            return entries, iterator.next_page_token
 
         return once
 

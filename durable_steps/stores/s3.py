@@ -38,14 +38,12 @@ create to be refused (see :meth:`S3Store.check_conditional_writes`).
 from __future__ import annotations
 
 import dataclasses
-import logging
 import os
-import threading
 import time
 import uuid
 import warnings
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote, urlsplit
 
 import boto3
@@ -59,28 +57,25 @@ from durable_steps.errors import (
     StoreError,
 )
 from durable_steps.stores._protocol import ObjectInfo
+from durable_steps.stores._remote import ClockSkew, Page, Retrier, join_prefix, listing
 from durable_steps.stores._s3options import S3Options, parse_query, resolve
 from durable_steps.stores._s3wire import (
     MISSING_KEY_CODES,
     ProbeVerdicts,
     botocore_retries,
-    date_skew,
     error_code,
     etag_of,
     http_status,
     ignores_conditions,
+    logger,
+    service,
     unsupported,
-    with_retries,
 )
 
 if TYPE_CHECKING:
     from mypy_boto3_s3 import S3Client
-    from mypy_boto3_s3.type_defs import ListObjectsV2OutputTypeDef
 
 __all__ = ["S3Store"]
-
-T = TypeVar("T")
-logger = logging.getLogger("durable_steps")
 
 # Where the conditional-write probe writes, under the store's prefix: no run
 # id starts with "_", so this can never be a run's checkpoint.
@@ -182,11 +177,10 @@ class S3Store:
             os.environ,
         )
         self.bucket = bucket
-        self.prefix = "/".join(part for part in prefix.strip("/").split("/") if part)
+        self.prefix = join_prefix(prefix)
         self._base = f"{self.prefix}/" if self.prefix else ""
         self._unsafe = unsafe_unconditional_writes
         self._verify = self.options.verify_conditional_writes and not unsafe_unconditional_writes
-        self._sleep = sleep
         self._owns_client = client is None
         if client is None:
             config = Config(
@@ -208,8 +202,14 @@ class S3Store:
         # logic sees anything, so refusals are checked against the object.
         self._inner_retries = botocore_retries(client)
         self._endpoint = str(client.meta.endpoint_url)
-        self._clock_lock = threading.Lock()
-        self._skew: float | None = None
+        self._retry = Retrier(
+            service(bucket, self._endpoint),
+            attempts=self.options.retry_attempts,
+            wait=self.options.retry_wait,
+            max_wait=self.options.retry_max_wait,
+            sleep=sleep,
+        )
+        self._skew = ClockSkew()
         self._events = getattr(client.meta, "events", None)  # absent on test doubles
         if self._events is not None:
             self._events.register("after-call.s3", self._on_response)
@@ -254,13 +254,20 @@ class S3Store:
         """The longest one operation takes to give up on a silent service (see above)."""
         return self.options.worst_case_seconds
 
+    @property
+    def _sleep(self) -> Callable[[float], None]:
+        """The backoff's sleep (tests swap it on a live store)."""
+        return self._retry.sleep
+
+    @_sleep.setter
+    def _sleep(self, sleep: Callable[[float], None]) -> None:
+        self._retry.sleep = sleep
+
     # -- the service's clock ---------------------------------------------------
 
     def _on_response(self, http_response: Any = None, **_: Any) -> None:
-        skew = date_skew(http_response, time.time())
-        if skew is not None:
-            with self._clock_lock:
-                self._skew = skew
+        if http_response is not None:
+            self._skew.observe(http_response.headers.get("Date"), http_response.status_code)
 
     def clock_skew(self) -> float | None:
         """Seconds this host's clock is ahead of the service's (negative: behind).
@@ -270,8 +277,7 @@ class S3Store:
         middle of the stamped second, so within about half a second plus the
         request's latency. ``None`` before any answer.
         """
-        with self._clock_lock:
-            return self._skew
+        return self._skew.value
 
     # -- helpers ---------------------------------------------------------------
 
@@ -280,18 +286,6 @@ class S3Store:
 
     def _where(self, full_key: str) -> str:
         return f"s3://{self.bucket}/{full_key}"
-
-    def _retry(self, fn: Callable[[int], T], full_key: str, op: str) -> T:
-        """Call ``fn(attempt_number)``, retrying transient faults; map the last to StoreError."""
-        return with_retries(
-            fn,
-            op,
-            where=self._where(full_key),
-            bucket=self.bucket,
-            endpoint=self._endpoint,
-            options=self.options,
-            sleep=self._sleep,
-        )
 
     # -- the conditional-write probe -------------------------------------------
 
@@ -345,7 +339,7 @@ class S3Store:
         def once(_attempt: int) -> tuple[bytes, str] | None:
             return self._get_once(full)
 
-        return self._retry(once, full, "GET")
+        return self._retry(once, "GET", self._where(full))
 
     def _get_once(self, full: str) -> tuple[bytes, str] | None:
         try:
@@ -396,13 +390,16 @@ class S3Store:
                 gone = match is not None and error_code(exc) in MISSING_KEY_CODES
                 if not (refused or gone):
                     raise
-                if attempt > 1 or self._inner_retries:
-                    landed = self._get_once(full)
-                    if landed is not None and landed[0] == data:
-                        return landed[1]  # our earlier attempt landed; its response was lost
-                raise self._conflict(full, match) from exc
+                return self._retry.refused_write(
+                    attempt=attempt,
+                    data=data,
+                    match=match,
+                    where=self._where(full),
+                    read=lambda: self._get_once(full),
+                    may_have_resent=self._inner_retries,
+                )
 
-        return self._retry(once, full, "PUT")
+        return self._retry(once, "PUT", self._where(full))
 
     def _put_once(self, full: str, data: bytes, match: str | None) -> str:
         if self._unsafe:
@@ -416,16 +413,6 @@ class S3Store:
                 Bucket=self.bucket, Key=full, Body=data, IfMatch=match
             )
         return etag_of(response, self._where(full))
-
-    def _conflict(self, full: str, match: str | None) -> CheckpointConflict:
-        if match is None:
-            what = "it already exists: another writer created it"
-        else:
-            what = f"it is no longer version {match}: another writer changed or deleted it"
-        return CheckpointConflict(
-            f"conditional write to {self._where(full)} refused; {what}. "
-            "Nothing was overwritten; this process must stop."
-        )
 
     def delete(self, key: str, *, match: str | None = None) -> None:
         """Remove ``key``; a missing key is not an error.
@@ -463,12 +450,13 @@ class S3Store:
                 ):
                     # SeaweedFS refuses If-Match on a missing key with 412 where
                     # AWS says 404: gone is gone, whoever deleted it.
-                    if self._get_once(full) is None:
-                        return
-                    raise self._conflict(full, match) from exc
+                    self._retry.refused_delete(
+                        match=match, where=self._where(full), read=lambda: self._get_once(full)
+                    )
+                    return
                 raise
 
-        self._retry(once, full, "DELETE")
+        self._retry(once, "DELETE", self._where(full))
 
     def list(self, prefix: str) -> Iterator[ObjectInfo]:
         """Yield every object whose key (relative to the store) starts with ``prefix``.
@@ -478,32 +466,29 @@ class S3Store:
         duplicates the listing.
         """
         full = self._key(prefix)
-        token: str | None = None
-        while True:
-            page = self._retry(self._list_page(full, token), full, "LIST")
-            for obj in page.get("Contents", []):
-                name = obj.get("Key", "")
-                if not name.startswith(self._base):
-                    continue
-                yield ObjectInfo(
-                    key=name[len(self._base) :],
-                    version=obj.get("ETag", ""),
-                    size=obj.get("Size", 0),
-                    modified=obj["LastModified"].timestamp() if "LastModified" in obj else 0.0,
-                )
-            token = page.get("NextContinuationToken")
-            if not page.get("IsTruncated") or not token:
-                return
+        return listing(
+            lambda token: self._retry(self._list_page(full, token), "LIST", self._where(full)),
+            self._base,
+        )
 
-    def _list_page(
-        self, full: str, token: str | None
-    ) -> Callable[[int], ListObjectsV2OutputTypeDef]:
-        def once(_attempt: int) -> ListObjectsV2OutputTypeDef:
+    def _list_page(self, full: str, token: str | None) -> Callable[[int], Page]:
+        def once(_attempt: int) -> Page:
             if token is None:
-                return self._client.list_objects_v2(Bucket=self.bucket, Prefix=full)
-            return self._client.list_objects_v2(
-                Bucket=self.bucket, Prefix=full, ContinuationToken=token
-            )
+                page = self._client.list_objects_v2(Bucket=self.bucket, Prefix=full)
+            else:
+                page = self._client.list_objects_v2(
+                    Bucket=self.bucket, Prefix=full, ContinuationToken=token
+                )
+            entries = [
+                (
+                    obj.get("Key", ""),
+                    obj.get("ETag", ""),
+                    obj.get("Size", 0),
+                    obj["LastModified"].timestamp() if "LastModified" in obj else 0.0,
+                )
+                for obj in page.get("Contents", [])
+            ]
+            return entries, page.get("NextContinuationToken") if page.get("IsTruncated") else None
 
         return once
 
