@@ -1156,7 +1156,13 @@ def summary(report: dict[str, Any]) -> tuple[list[dict], str]:
         ["figure", "store", "value", "target", "verdict"],
         rows,
         f"Reference row, quoted and not run: {LANGGRAPH}.\n"
-        f"Checkpoint format the library writes: {getattr(ckpt, 'FORMAT', '?')}. Only the 2 KB "
+        + (
+            "--quick: shorter runs than the targets are set for (a short run looks flat); "
+            "indicative only.\n"
+            if report.get("mode") == "quick"
+            else ""
+        )
+        + f"Checkpoint format the library writes: {getattr(ckpt, 'FORMAT', '?')}. Only the 2 KB "
         "overhead misses make the exit status 1\n(--strict: every miss).",
     )
     return out, text
