@@ -4,6 +4,7 @@ Not a test module (``conftest.py`` here keeps pytest away). ``bench.py``
 runs it by path::
 
     python tests/benchmarks/bench_child.py crash  --store URL --run ID ...
+        [--shape one|mixed|grow]
     python tests/benchmarks/bench_child.py resume --store URL --run ID ...
     python tests/benchmarks/bench_child.py memory --store URL --mode ds|hand ...
 
@@ -46,10 +47,15 @@ def mutate(state: dict) -> None:
     state["note"] = f"pass {state['i']}"
 
 
-def grow(state: dict, nbytes: int) -> None:
-    """Append one message of about ``nbytes`` bytes (the growth workload)."""
+def random_messages(count: int) -> list[str]:
+    """``count`` distinct, incompressible messages of 2 KB of text each."""
+    return [os.urandom(1024).hex() for _ in range(count)]
+
+
+def grow_with(state: dict, messages: list[str]) -> None:
+    """Append the next of ``messages`` (the issue 11 growth workload)."""
     mutate(state)
-    state["messages"].append({"role": "tool", "content": f"{state['i']:07d} " + "g" * nbytes})
+    state["messages"].append({"role": "tool", "content": messages[state["i"] - 1]})
 
 
 def one_step_workflow(store, passes: int, *, on_event=(), step_fn=None, name=WORKFLOW, **kw):
@@ -100,6 +106,16 @@ def _crash(args) -> None:
     if args.shape == "mixed":
         step, _, it = args.crash_step.partition(":")
         mixed_workflow(args.store, args.steps, crash=(step, int(it))).run(args.run, {"i": 0})
+    elif args.shape == "grow":
+        messages = random_messages(args.steps)
+
+        def append(state):
+            grow_with(state, messages)
+            if state["i"] == args.crash_at:
+                os.kill(os.getpid(), 9)
+
+        empty = {"i": 0, "note": "", "messages": []}
+        one_step_workflow(args.store, args.steps, step_fn=append).run(args.run, empty)
     else:
 
         def work(state):
@@ -306,7 +322,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("action", choices=["crash", "resume", "memory"])
     parser.add_argument("--store", required=True)
     parser.add_argument("--run", required=True)
-    parser.add_argument("--shape", choices=["one", "mixed"], default="one")
+    parser.add_argument("--shape", choices=["one", "mixed", "grow"], default="one")
     parser.add_argument("--size", type=int, default=1_000_000)
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--crash-at", type=int, default=3)
