@@ -414,3 +414,22 @@ def test_an_implicit_store_warns_when_keys_would_be_lost(
         wf.run("r1", {})
     assert "default local store" in caplog.text
     assert "DURABLE_STEPS_STORE" in caplog.text
+
+
+def test_one_slow_answer_is_not_clock_skew() -> None:
+    """An answer held up 25 s reads as 25 s of skew; the estimate is the smallest recent
+    reading, so it stays near zero and nobody ends this host's leases early."""
+    from email.utils import formatdate
+
+    from durable_steps.stores._remote import ClockSkew
+
+    clock = ClockSkew()
+    clock.observe(formatdate(time.time(), usegmt=True), 200)
+    clock.observe(formatdate(time.time() - 25, usegmt=True), 200)  # dated 25 s before receipt
+    assert clock.value is not None
+    assert abs(clock.value) < 2
+    ahead = ClockSkew()
+    for _ in range(3):
+        ahead.observe(formatdate(time.time() - 120, usegmt=True), 200)
+    assert ahead.value is not None
+    assert 118 < ahead.value < 122  # a clock really 120 s ahead still reads as such

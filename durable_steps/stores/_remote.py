@@ -28,8 +28,10 @@ means. Those are the services' own vocabularies.
 
 from __future__ import annotations
 
+import collections
 import email.utils
 import logging
+import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
@@ -281,13 +283,23 @@ class ClockSkew:
     """Seconds this host's clock is ahead of a service's, from answers' ``Date`` headers.
 
     :meth:`observe` is called with every answer's ``Date`` header and status;
-    :attr:`value` is the latest reading, or ``None`` before any. A lease that
+    :attr:`value` is the estimate, or ``None`` before any answer. A lease that
     compares its own clock with times written by other hosts uses it to tell
-    a skewed clock from a stale lease. One attribute assignment per reading:
-    threads sharing a client need no lock.
+    a skewed clock from a stale lease.
+
+    Each reading is *received - dated*: the true skew plus however long the
+    answer took to come back, never less. So the estimate is the smallest of
+    the readings of the last :attr:`WINDOW` seconds, not the latest: one answer
+    held up for 25 s by the network must not pass for a clock 25 s ahead,
+    which would end everybody else's view of this host's leases early.
     """
 
+    WINDOW = 60.0
+    """Seconds a reading counts: short, so that a stepped clock (NTP) shows soon."""
+
     def __init__(self) -> None:
+        self._readings: collections.deque[tuple[float, float]] = collections.deque()
+        self._lock = threading.Lock()
         self.value: float | None = None
 
     def observe(self, date_header: str | None, status: int | None = None) -> None:
@@ -307,4 +319,10 @@ class ClockSkew:
             return
         if served.tzinfo is None:  # "-0000": cannot be compared with this clock
             return
-        self.value = received - (served.timestamp() + 0.5)
+        now = time.monotonic()
+        with self._lock:
+            readings = self._readings
+            readings.append((now, received - (served.timestamp() + 0.5)))
+            while readings[0][0] < now - self.WINDOW:
+                readings.popleft()
+            self.value = min(reading for _, reading in readings)
