@@ -375,6 +375,8 @@ def _start_worker(target: StoreTarget, children: list[Child]) -> Child:
     return child
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(400)  # ~35 s on an idle machine; minutes when the machine is shared
 @pytest.mark.parametrize(
     "durable_target", [pytest.param("moto", marks=pytest.mark.s3)], indirect=True
 )
