@@ -256,6 +256,11 @@ class SignedSerializer:
     def __init__(self, inner: Serializer, key: bytes | str) -> None:
         if not key:
             raise DefinitionError("the signing key must not be empty")
+        if not isinstance(inner, Serializer):
+            raise DefinitionError(
+                f"SignedSerializer wraps a Serializer object (e.g. ds.JSONSerializer()), "
+                f"not {inner!r}; or pass serializer= and signing_key= to the Workflow"
+            )
         self.inner = inner
         self.name = f"{inner.name}+hmac-sha256"
         self._key = key.encode() if isinstance(key, str) else key

@@ -346,3 +346,25 @@ def test_local_delete_removes_a_killed_writers_temp_files(tmp_path: Path) -> Non
     assert [o.key for o in store.list("")] == ["wf/r1/checkpoint"]  # never listed
     store.delete("wf/r1/checkpoint")
     assert not run_dir.exists()
+
+
+@pytest.mark.parametrize(
+    ("url", "message"),
+    [
+        ("s3://[::1/p", "is malformed"),
+        ("file:///tmp/x?read_timeout=1", "take no parameters"),
+        ("memory://?y=1", "take no parameters"),
+        ("s3://b/p?retry_attempts=99999999999999999999", "from 1 to 100"),
+        ("s3://b/p?read_timeout=86400", "at most 3600"),
+    ],
+)
+def test_store_urls_that_cannot_mean_what_they_say_are_refused(url: str, message: str) -> None:
+    """A malformed URL, parameters a store would ignore, or absurd bounds: DefinitionError."""
+    with pytest.raises(ds.DefinitionError, match=message):
+        ds.open_store(url)
+
+
+def test_signed_serializer_wants_a_serializer_object() -> None:
+    """SignedSerializer("json", key) says what to pass instead of an AttributeError later."""
+    with pytest.raises(ds.DefinitionError, match="wraps a Serializer object"):
+        ds.SignedSerializer("json", key="k")  # type: ignore[arg-type]

@@ -75,10 +75,15 @@ def open_store(store: str | os.PathLike[str] | Store | None = None) -> Store:
                 f"callable {', '.join(missing)} (a Store has {', '.join(REQUIRED_METHODS)})"
             )
         return store
-    url = urlsplit(store)
+    try:
+        url = urlsplit(store)
+    except ValueError as exc:  # e.g. an unclosed "[" of an IPv6 host
+        raise DefinitionError(f"store URL {store!r} is malformed: {exc}") from exc
     scheme = url.scheme.lower()
     if scheme in _REMOTE:
         return _open_remote(store, url.netloc, url.path, url.query, scheme)
+    if scheme in ("memory", "file") and (url.query or url.fragment):
+        raise DefinitionError(f"store URL {store!r}: {scheme}:// URLs take no parameters")
     if scheme == "memory":
         return MemoryStore()
     if scheme == "file":

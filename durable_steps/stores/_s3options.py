@@ -52,11 +52,11 @@ class S3Options:
 
 # name -> (type, lower bound, bound allowed, what a valid value is)
 _SPECS: dict[str, tuple[type, float, bool, str]] = {
-    "connect_timeout": (float, 0.0, False, "a number of seconds greater than 0"),
-    "read_timeout": (float, 0.0, False, "a number of seconds greater than 0"),
-    "retry_attempts": (int, 1.0, True, "a whole number of attempts, at least 1"),
-    "retry_wait": (float, 0.0, True, "a number of seconds, 0 or more"),
-    "retry_max_wait": (float, 0.0, True, "a number of seconds, 0 or more"),
+    "connect_timeout": (float, 0.0, False, "a number of seconds greater than 0, at most 3600"),
+    "read_timeout": (float, 0.0, False, "a number of seconds greater than 0, at most 3600"),
+    "retry_attempts": (int, 1.0, True, "a whole number of attempts, from 1 to 100"),
+    "retry_wait": (float, 0.0, True, "a number of seconds from 0 to 3600"),
+    "retry_max_wait": (float, 0.0, True, "a number of seconds from 0 to 3600"),
     "verify_conditional_writes": (bool, 0.0, True, "true or false"),
 }
 assert set(_SPECS) == {f.name for f in fields(S3Options)}
@@ -79,7 +79,8 @@ def _valid(name: str, value: object) -> bool:
         return kind is bool and isinstance(value, bool)
     if not isinstance(value, int if kind is int else (int, float)):
         return False
-    return math.isfinite(value) and (value > low or (inclusive and value == low))
+    high = 100 if name == "retry_attempts" else 3600  # beyond: a typo, not a setting
+    return math.isfinite(value) and (value > low or (inclusive and value == low)) and value <= high
 
 
 def _check(where: str, name: str, value: object) -> Any:
