@@ -354,7 +354,8 @@ def _settle_doubt(
             iteration=ctx.iteration,
         )
     logger.warning(
-        "run %s: step %r may have fired before the last crash; firing it again with "
+        "run %s: step %r may have fired before the run last stopped (a crash, or an "
+        "error after it began); firing it again with "
         "the same idempotency key %s",
         run.name,
         step.name,
@@ -457,7 +458,7 @@ def _give_up(
     tries = f"all {ctx.attempt} attempts" if used_up else f"attempt {ctx.attempt}"
     raise StepFailed(
         f"run {run.name}: step {step.name!r} (iteration {ctx.iteration}) failed on "
-        f"{tries}{f' ({what})' if what else ''}: {type(exc).__name__}: {exc}. The run is "
+        f"{tries}{f' ({what})' if what else ''}: {type(exc).__name__}: {_sentence(exc)} The run is "
         "saved before this step; fix the cause and run it again to resume here.",
         run=run.name,
         step=step.name,
@@ -491,13 +492,21 @@ def _until(run: RunState, step: str | None) -> bool:
     try:
         return bool(until(run.state))
     except Exception as exc:
-        where = f" after step {step!r}" if step else " before the first pass"
+        if step:
+            where, then = f" after step {step!r}", "The step was not committed and will run again"
+        else:
+            where, then = " before the first pass", "Nothing was written: the run was not created"
         raise DurableStepsError(
-            f"run {run.name}: until() raised{where}: {type(exc).__name__}: {exc}. The "
-            "step was not committed and will run again; fix until() and run it again.",
+            f"run {run.name}: until() raised{where}: {type(exc).__name__}: {_sentence(exc)} "
+            f"{then}; fix until() and run it again.",
             run=run.name,
             step=step,
         ) from exc
+
+
+def _sentence(exc: BaseException) -> str:
+    """``exc``'s message as a sentence of ours: one final period, never two."""
+    return f"{str(exc).rstrip('. ')}."
 
 
 def _commit(

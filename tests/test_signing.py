@@ -177,3 +177,21 @@ def test_resolve_without_the_key_is_refused() -> None:
     workflow(store, []).run("a", {})
     with pytest.raises(ds.DurableStepsError, match="is signed"):
         _resolve.resolve(store, "pay", "a", fired=True)
+
+
+def test_show_with_the_key_refuses_an_edited_header(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """With $DURABLE_STEPS_SIGNING_KEY set, `show` refuses a tampered signed run instead
+    of displaying its forged fields; without the key it still shows the header."""
+    from durable_steps import cli
+
+    store = ds.LocalStore(tmp_path / "s")
+    workflow(store, []).run("a", {})
+    put_over(store, KEY_A, lambda data: edit_header(data, status="running", next_step=1))
+    url = str(tmp_path / "s")
+    assert cli.main(["--store", url, "show", "pay/a"]) == 0
+    capsys.readouterr()
+    monkeypatch.setenv("DURABLE_STEPS_SIGNING_KEY", SECRET)
+    assert cli.main(["--store", url, "show", "pay/a"]) == 1
+    assert "signature does not verify" in capsys.readouterr().err

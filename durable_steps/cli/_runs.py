@@ -9,6 +9,7 @@ only its own process knows that it is over.
 
 from __future__ import annotations
 
+import os
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -17,6 +18,7 @@ from typing import Any
 from .. import _checkpoint as ckpt
 from .._lease import is_live, lease_end
 from ..errors import CorruptCheckpoint
+from ..serializers import SIGNING_KEY_ENV, JSONSerializer, SignedSerializer
 from ..stores import Store
 from ._base import EXIT_NOT_FOUND, EXIT_USAGE, PROG, CommandError
 from ._format import human_age
@@ -165,7 +167,13 @@ def load(store: Store, workflow: str, run_id: str) -> tuple[ckpt.Checkpoint, byt
             f"run {name} not found (no checkpoint at {key!r}); list runs with `{PROG} ls`",
             EXIT_NOT_FOUND,
         )
-    header, payload = ckpt.decode(found[0], where=f"run {name}: checkpoint {key!r}")
+    where = f"run {name}: checkpoint {key!r}"
+    header, payload = ckpt.decode(found[0], where=where)
+    key_set = os.environ.get(SIGNING_KEY_ENV)
+    if key_set and header.serializer.endswith("+hmac-sha256"):
+        # With the key at hand, what is shown (and resolved) is what was signed:
+        # a header edited by someone without the key is refused, not displayed.
+        ckpt.decode(found[0], where=where, signer=SignedSerializer(JSONSerializer(), key_set))
     if (header.workflow, header.run_id) != (workflow, run_id):
         raise CorruptCheckpoint(f"{key!r} holds the checkpoint of another run ({header.run})")
     return header, payload, found[0]
