@@ -122,11 +122,11 @@ class AzureBlobStore:
         prefix: str = "",
         *,
         client: BlobServiceClient | ContainerClient | None = None,
-        retry_attempts: int = 5,
+        retry_attempts: int = 4,
         retry_wait: float = 0.5,
         retry_max_wait: float = 5.0,
-        connect_timeout: float = 10.0,
-        read_timeout: float = 60.0,
+        connect_timeout: float = 5.0,
+        read_timeout: float = 20.0,
         sleep: Callable[[float], None] = time.sleep,
     ) -> None:
         if not container:
