@@ -28,8 +28,8 @@ import ray
 import durable_steps as ds
 from durable_steps.integrations.ray import RayDriver, submit_run
 from tests import workerapp
-from tests.test_worker import COMMITS, DONE, Child, check_ledger, fleet, header, lines
 from tests.conftest import StoreTarget
+from tests.test_worker import COMMITS, DONE, Child, check_ledger, fleet, header, lines
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
@@ -74,6 +74,12 @@ class Node:
     temp: str
     log: Path
 
+    def started(self) -> bool:
+        """Whether ``ray start`` says this node is up."""
+        if self.proc.poll() is not None:
+            raise AssertionError(f"{self.name} exited:\n{self.log.read_text()[-3000:]}")
+        return "Ray runtime started" in self.log.read_text()
+
     def kill(self) -> None:
         """SIGKILL this node's processes (and only them)."""
         below = descendants(self.proc.pid)
@@ -109,24 +115,25 @@ class Cluster:
     def start(self, name: str, *args: str) -> Node:
         temp = tempfile.mkdtemp(prefix="rt", dir="/tmp")  # short: unix socket paths
         log = self.base / f"{name}.log"
-        proc = subprocess.Popen(
-            [
-                str(Path(sys.executable).with_name("ray")),
-                "start",
-                "--block",
-                f"--temp-dir={temp}",
-                "--node-ip-address=127.0.0.1",
-                f"--dashboard-agent-listen-port={free_port()}",
-                f"--metrics-export-port={free_port()}",
-                "--disable-usage-stats",
-                *args,
-            ],
-            cwd=ROOT,
-            env={**self.env, "DURABLE_STEPS_HOST": name},
-            stdout=log.open("wb"),
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
+        with log.open("wb") as out:
+            proc = subprocess.Popen(
+                [
+                    str(Path(sys.executable).with_name("ray")),
+                    "start",
+                    "--block",
+                    f"--temp-dir={temp}",
+                    "--node-ip-address=127.0.0.1",
+                    f"--dashboard-agent-listen-port={free_port()}",
+                    f"--metrics-export-port={free_port()}",
+                    "--disable-usage-stats",
+                    *args,
+                ],
+                cwd=ROOT,
+                env={**self.env, "DURABLE_STEPS_HOST": name},
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
         self.nodes[name] = Node(name, proc, temp, log)
         return self.nodes[name]
 
@@ -155,14 +162,16 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
             "head",
             "--head",
             f"--port={port}",
-            f"--ray-client-server-port={free_port()}",
             "--include-dashboard=false",
             "--num-cpus=0",
         )
-        wait_until(lambda: ready(made, 1), 60, "the head node", made)
+        wait_until(made.nodes["head"].started, 90, "the head node", made)
         for name in ("node-b", "node-c"):
             made.start(name, f"--address={made.address}", "--num-cpus=1")
-        wait_until(lambda: ready(made, 3), 60, "three live nodes", made)
+        for name in ("node-b", "node-c"):
+            wait_until(made.nodes[name].started, 90, name, made)
+        ray.init(address=made.address, log_to_driver=False)
+        wait_until(lambda: sum(1 for n in ray.nodes() if n["Alive"]) == 3, 60, "3 nodes", made)
         yield made
     finally:
         with contextlib.suppress(Exception):
@@ -170,18 +179,6 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
         for node in reversed(list(made.nodes.values())):
             node.kill()
             shutil.rmtree(node.temp, ignore_errors=True)
-
-
-def ready(cluster: Cluster, nodes: int) -> bool:
-    """Whether ``nodes`` nodes are alive (connecting this process as a driver)."""
-    if any(node.proc.poll() is not None for node in cluster.nodes.values()):
-        raise AssertionError(f"a node exited:\n{cluster.node_logs()}")
-    if not ray.is_initialized():
-        try:
-            ray.init(address=cluster.address, log_to_driver=False)
-        except ConnectionError:
-            return False
-    return sum(1 for n in ray.nodes() if n["Alive"]) >= nodes
 
 
 def wait_until(
@@ -224,8 +221,10 @@ def test_forty_runs_survive_a_node_killed_mid_run(cluster: Cluster) -> None:
     for r in runs:
         wf.submit(r, workerapp.initial_state())
     driver = subprocess.Popen(
-        [sys.executable, "-m", "durable_steps", "worker", "--ray", cluster.address]
-        + ["--app", APP, "--store", cluster.store, "--until-idle", "--poll", "0.5"],
+        [
+            *(sys.executable, "-m", "durable_steps", "worker", "--ray", cluster.address),
+            *("--app", APP, "--store", cluster.store, "--until-idle", "--poll", "0.5"),
+        ],
         cwd=ROOT,
         env=cluster.env,
         stdout=subprocess.PIPE,
