@@ -281,6 +281,34 @@ def test_same_host_takeover_after_sigkill_needs_no_wait(
     assert time.monotonic() - began < 10
 
 
+@pytest.mark.parametrize("durable_target", ["local"], indirect=True)
+def test_durable_steps_host_makes_a_dead_owner_another_hosts(
+    durable_target: StoreTarget, files: dict[str, Path], children: list[Child]
+) -> None:
+    """With $DURABLE_STEPS_HOST, a SIGKILLed owner here counts as another host's: lease only."""
+    child = Child(
+        durable_target,
+        "-m",
+        "tests.workerapp",
+        "r1",
+        WORKERAPP_STEP_SECONDS="30",
+        WORKERAPP_LEASE="2",
+        DURABLE_STEPS_HOST="elsewhere",
+    )
+    children.append(child)
+    wait_for(lambda: started(files["log"], "fetch", "r1"), what="the child's step")
+    child.signal(signal.SIGKILL)
+    child.wait()
+    wf = fleet(durable_target.open(), lease=2.0)
+    owner = header(wf.store, "r1").owner
+    assert owner is not None
+    assert owner["host"] == "elsewhere"
+    with pytest.raises(ds.RunLocked, match=r"elsewhere:\d+ \(lease ends in"):
+        wf.run("r1")  # its process is provably gone, but not to "another host"
+    time.sleep(ds._lease.lease_end(owner) - time.time() + 0.1)
+    assert wf.run("r1") == DONE
+
+
 def test_paused_owner_is_fenced_after_takeover(
     durable_target: StoreTarget, files: dict[str, Path], children: list[Child]
 ) -> None:
