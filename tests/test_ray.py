@@ -303,15 +303,18 @@ def test_live_owner_on_another_host_is_not_taken_over(cluster: Cluster, tmp_path
 def test_paused_owner_on_another_host_keeps_its_run_until_the_lease_ends(
     cluster: Cluster,
 ) -> None:
-    """A task waits out a SIGSTOPped owner's lease (no RunLocked), then resumes the run."""
+    """A task waits out a SIGSTOPped owner's lease (no RunLocked), then resumes the run.
+
+    The owner's lease (8 s) outlasts a task's start, so the task finds it live.
+    """
     store = ds.LocalStore(cluster.store)
     child = Child(
         StoreTarget("local", cluster.store),
         "-m",
         "tests.workerapp",
         "paused1",
-        WORKERAPP_STEP_SECONDS="30",
-        WORKERAPP_LEASE=str(LEASE),
+        WORKERAPP_STEP_SECONDS="14",
+        WORKERAPP_LEASE="8",
         WORKERAPP_LEDGER=str(cluster.ledger),
         WORKERAPP_LOG=str(cluster.steps),
         DURABLE_STEPS_HOST="elsewhere",
@@ -322,7 +325,7 @@ def test_paused_owner_on_another_host_keeps_its_run_until_the_lease_ends(
         paused = header(store, "paused1")
         assert paused.owner is not None
         lease_ends = ds._lease.lease_end(paused.owner, since=paused.updated_at)
-        ref = submit_run(APP, "paused1", store=cluster.store)
+        ref = submit_run(APP, "paused1", store=cluster.store, wait=30)
         taken_at = None
         while taken_at is None:
             if owner_host(store, "paused1") not in ("elsewhere", None):

@@ -468,3 +468,14 @@ def test_cli_worker_sigterm_releases_run(
     h = header(wf.store, "r1")
     assert (h.status, h.next_step, h.owner) == ("running", 1, None)
     assert ds.Worker(wf).claimable() == ["r1"]
+
+
+def test_import_durable_steps_never_imports_ray() -> None:
+    """`import durable_steps` (and its worker and CLI) leaves Ray and the integration unloaded."""
+    code = (
+        "import sys, durable_steps, durable_steps.worker, durable_steps.cli\n"
+        "durable_steps.cli.build_parser()\n"
+        "bad = [m for m in sys.modules if m == 'ray' or m.startswith(('ray.', 'durable_steps.integ'))]\n"
+        "assert not bad, bad\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
