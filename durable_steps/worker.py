@@ -127,11 +127,11 @@ class Worker:
     def run(self, *, until_idle: bool = False) -> WorkerReport:
         """Work until stopped (or, with ``until_idle``, until no run is claimable)."""
         with ThreadPoolExecutor(self.concurrency, thread_name_prefix="durable-steps") as pool:
-            return self.drive(
+            return self._drive(
                 lambda run_id: pool.submit(self._resume, run_id), until_idle=until_idle
             )
 
-    def drive(self, start: Callable[[str], Future[str]], *, until_idle: bool) -> WorkerReport:
+    def _drive(self, start: Callable[[str], Future[str]], *, until_idle: bool) -> WorkerReport:
         """Scan, ``start`` up to ``concurrency`` runs at once, and collect what they did.
 
         ``start(run_id)`` resumes one run somewhere (a thread of this worker,

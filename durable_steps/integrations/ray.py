@@ -196,4 +196,4 @@ class RayDriver:
             )
             return ref.future()
 
-        return self.worker.drive(start, until_idle=until_idle)
+        return self.worker._drive(start, until_idle=until_idle)
