@@ -48,6 +48,10 @@ malformed ``until`` of 1e308 never locks a run for good.
 
 Hosts are told apart by hostname, boot id and PID namespace: containers that
 share a hostname but not a PID namespace are different hosts here.
+``$DURABLE_STEPS_HOST``, when set, replaces the hostname: processes that share
+a machine but stand for different hosts (the nodes of a test cluster, pods
+with a borrowed hostname and a shared PID namespace) then judge each other as
+another host would — by the lease alone, never by probing a PID.
 """
 
 from __future__ import annotations
@@ -65,11 +69,21 @@ from typing import Any, Literal
 from ._events import logger
 from .errors import CheckpointConflict
 
-__all__ = ["Heartbeat", "Owner", "Ownership", "describe", "is_live", "judge", "lease_end"]
+__all__ = [
+    "HOST_ENV",
+    "Heartbeat",
+    "Owner",
+    "Ownership",
+    "describe",
+    "is_live",
+    "judge",
+    "lease_end",
+]
 
 Ownership = Literal["none", "live", "gone", "expired"]
 
-_HOST = socket.gethostname()
+HOST_ENV = "DURABLE_STEPS_HOST"
+_HOST = os.environ.get(HOST_ENV) or socket.gethostname()
 _PID_MAX = 2**22  # Linux's ceiling for pid_max: anything above is no pid
 _SKEW_MAX = 86_400.0  # a recorded skew beyond a day is noise, not a clock
 _LEASE_MAX = 86_400.0  # no lease record is believed for longer than a day

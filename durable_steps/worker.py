@@ -126,27 +126,43 @@ class Worker:
 
     def run(self, *, until_idle: bool = False) -> WorkerReport:
         """Work until stopped (or, with ``until_idle``, until no run is claimable)."""
+        with ThreadPoolExecutor(self.concurrency, thread_name_prefix="durable-steps") as pool:
+            return self._drive(
+                lambda run_id: pool.submit(self._resume, run_id), until_idle=until_idle
+            )
+
+    def _drive(self, start: Callable[[str], Future[str]], *, until_idle: bool) -> WorkerReport:
+        """Scan, ``start`` up to ``concurrency`` runs at once, and collect what they did.
+
+        ``start(run_id)`` resumes one run somewhere (a thread of this worker,
+        a Ray task) and returns a future of its :class:`WorkerReport` field
+        name, or ``transient`` for a store failure worth another try.
+        """
         report = WorkerReport()
         active: dict[Future[str], str] = {}
-        with ThreadPoolExecutor(self.concurrency, thread_name_prefix="durable-steps") as pool:
-            while True:
-                free = self.concurrency - len(active)
-                if free and not self.stopping:
-                    for run_id in self.claimable(limit=free, exclude=set(active.values())):
-                        active[pool.submit(self._resume, run_id)] = run_id
-                if not active and (self.stopping or until_idle):
-                    return report
-                if not active:
-                    self._stopping.wait(self.poll)
-                    continue
-                done, _ = wait(active, timeout=self.poll, return_when=FIRST_COMPLETED)
-                for future in done:
-                    outcome, run_id = future.result(), active.pop(future)
-                    if outcome == "transient":  # the store failed: try again next scan
-                        outcome = "errors"
-                    elif outcome == "errors":
-                        self._quarantine[run_id] = None
-                    getattr(report, outcome).append(run_id)
+        while True:
+            free = self.concurrency - len(active)
+            if free and not self.stopping:
+                for run_id in self.claimable(limit=free, exclude=set(active.values())):
+                    active[start(run_id)] = run_id
+            if not active and (self.stopping or until_idle):
+                return report
+            if not active:
+                self._stopping.wait(self.poll)
+                continue
+            done, _ = wait(active, timeout=self.poll, return_when=FIRST_COMPLETED)
+            for future in done:
+                run_id = active.pop(future)
+                try:
+                    outcome = future.result()
+                except Exception:  # where it ran failed (a Ray task out of retries)
+                    logger.exception("worker: run %s/%s failed to run", self.workflow.name, run_id)
+                    outcome = "errors"
+                if outcome == "transient":  # the store failed: try again next scan
+                    outcome = "errors"
+                elif outcome == "errors":
+                    self._quarantine[run_id] = None
+                getattr(report, outcome).append(run_id)
 
     def claimable(
         self, *, limit: int | None = None, exclude: set[str] | frozenset[str] = frozenset()

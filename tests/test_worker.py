@@ -282,6 +282,34 @@ def test_same_host_takeover_after_sigkill_needs_no_wait(
     assert time.monotonic() - began < 10
 
 
+@pytest.mark.parametrize("durable_target", ["local"], indirect=True)
+def test_durable_steps_host_makes_a_dead_owner_another_hosts(
+    durable_target: StoreTarget, files: dict[str, Path], children: list[Child]
+) -> None:
+    """With $DURABLE_STEPS_HOST, a SIGKILLed owner here counts as another host's: lease only."""
+    child = Child(
+        durable_target,
+        "-m",
+        "tests.workerapp",
+        "r1",
+        WORKERAPP_STEP_SECONDS="30",
+        WORKERAPP_LEASE="2",
+        DURABLE_STEPS_HOST="elsewhere",
+    )
+    children.append(child)
+    wait_for(lambda: started(files["log"], "fetch", "r1"), what="the child's step")
+    child.signal(signal.SIGKILL)
+    child.wait()
+    wf = fleet(durable_target.open(), lease=2.0)
+    owner = header(wf.store, "r1").owner
+    assert owner is not None
+    assert owner["host"] == "elsewhere"
+    with pytest.raises(ds.RunLocked, match=r"elsewhere:\d+ \(lease ends in"):
+        wf.run("r1")  # its process is provably gone, but not to "another host"
+    time.sleep(ds._lease.lease_end(owner) - time.time() + 0.1)
+    assert wf.run("r1") == DONE
+
+
 def test_paused_owner_is_fenced_after_takeover(
     durable_target: StoreTarget, files: dict[str, Path], children: list[Child]
 ) -> None:
@@ -537,3 +565,14 @@ def test_cli_worker_logs_only_durable_steps(
     assert "run noisy/r1 completed" in err
     assert "third-party" not in err
     assert "Found credentials" not in err  # botocore's own INFO line, on the S3 stores
+
+
+def test_import_durable_steps_never_imports_ray() -> None:
+    """`import durable_steps` (and its worker and CLI) leaves Ray and the integration unloaded."""
+    code = (
+        "import sys, durable_steps, durable_steps.worker, durable_steps.cli\n"
+        "durable_steps.cli.build_parser()\n"
+        "bad = [m for m in sys.modules if m.split('.')[0] == 'ray' or 'integrations' in m]\n"
+        "assert not bad, bad\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)

@@ -65,11 +65,32 @@ def _cmd_worker(args: argparse.Namespace, store: Store, _style: object) -> int:
         workflow.store = store
     if not args.debug:
         _log_progress()
-    worker = Worker(
-        workflow, concurrency=args.concurrency, poll=args.poll, retry_failed=args.retry_failed
-    )
+    if args.ray is not None:
+        try:  # the `ray` extra, imported only when asked for
+            from ..integrations.ray import RayDriver
+        except ImportError as exc:
+            raise DefinitionError(
+                f"--ray needs Ray ({exc}): pip install 'durable-steps[ray]'"
+            ) from exc
+        driver = RayDriver(
+            args.app,
+            address=None if args.ray == "auto" else args.ray,
+            store=args.store,
+            max_in_flight=args.concurrency,
+            poll=args.poll,
+            retry_failed=args.retry_failed,
+        )
+        worker, run = driver.worker, driver.run
+    else:
+        worker = Worker(
+            workflow,
+            concurrency=args.concurrency or 4,
+            poll=args.poll,
+            retry_failed=args.retry_failed,
+        )
+        run = worker.run
     install_signal_handlers(worker, lambda text: print(f"worker: {text}", file=sys.stderr))
-    report = worker.run(until_idle=args.until_idle)
+    report = run(until_idle=args.until_idle)
     counts = ", ".join(f"{len(v)} {k.replace('_', '-')}" for k, v in vars(report).items())
     print(f"worker {workflow.name}: {counts}")
     return 1 if report.errors else 0
@@ -85,7 +106,17 @@ def register(command: Callable[..., Any]) -> None:
         help="where the Workflow object is, e.g. myagent:workflow (imported from the "
         "current directory too)",
     )
-    sub.add_argument("--concurrency", "-c", type=int, default=4, help="runs at once (4)")
+    sub.add_argument(
+        "--concurrency", "-c", type=int, help="runs at once (4; with --ray: the cluster's CPUs)"
+    )
+    sub.add_argument(
+        "--ray",
+        nargs="?",
+        const="auto",
+        metavar="ADDRESS",
+        help="run each run as a task on the Ray cluster at ADDRESS (default: the one "
+        "ray.init finds); needs the `ray` extra",
+    )
     sub.add_argument("--poll", type=float, default=2.0, help="seconds between scans when idle (2)")
     sub.add_argument(
         "--until-idle",
