@@ -21,7 +21,18 @@ from .errors import DefinitionError
 if TYPE_CHECKING:
     from .stores import Store
 
-__all__ = ["Call", "Delete", "Get", "Protocol", "Put", "Sleep", "drive_async", "drive_sync"]
+__all__ = [
+    "Call",
+    "Delete",
+    "Get",
+    "GetMany",
+    "ListKeys",
+    "Protocol",
+    "Put",
+    "Sleep",
+    "drive_async",
+    "drive_sync",
+]
 
 T = TypeVar("T")
 
@@ -31,6 +42,20 @@ class Get:
     """Read a key: result ``(bytes, version) | None``."""
 
     key: str
+
+
+@dataclass(frozen=True)
+class GetMany:
+    """Read several keys at once (in parallel): result a list of what ``Get`` gives."""
+
+    keys: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class ListKeys:
+    """List the keys under a prefix: result a list of keys."""
+
+    prefix: str
 
 
 @dataclass(frozen=True)
@@ -65,7 +90,7 @@ class Sleep:
     seconds: float
 
 
-Effect = Get | Put | Delete | Call | Sleep
+Effect = Get | GetMany | ListKeys | Put | Delete | Call | Sleep
 Protocol = Generator[Effect, Any, T]
 
 
@@ -80,6 +105,15 @@ def _next(protocol: Protocol[T], send: Any, error: BaseException | None) -> tupl
 def _perform(effect: Effect, store: Store) -> Any:
     if isinstance(effect, Get):
         return store.get(effect.key)
+    if isinstance(effect, GetMany):
+        if len(effect.keys) < 2:
+            return [store.get(key) for key in effect.keys]
+        from concurrent.futures import ThreadPoolExecutor  # only format-2 resumes pay for it
+
+        with ThreadPoolExecutor(len(effect.keys)) as pool:
+            return list(pool.map(store.get, effect.keys))
+    if isinstance(effect, ListKeys):
+        return [info.key for info in store.list(effect.prefix)]
     if isinstance(effect, Put):
         return store.put(effect.key, effect.data, match=effect.match)
     if isinstance(effect, Delete):
