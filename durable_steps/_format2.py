@@ -75,7 +75,7 @@ from typing import TYPE_CHECKING, Any
 from . import _checkpoint as ckpt
 from ._delta import Tracker, apply, snapshot
 from ._drivers import GetMany, Protocol, Put
-from .errors import CheckpointConflict, CorruptCheckpoint
+from .errors import CheckpointConflict, CorruptCheckpoint, SerializationError
 from .serializers import SignedSerializer, check_json
 
 if TYPE_CHECKING:
@@ -146,9 +146,17 @@ class _JSONFinder:
             if op[0] == "set":
                 check_json(op[2], _path_text(op[1]), depth=len(op[1]))
             elif op[0] == "ext":
-                for i, value in enumerate(op[2]):
-                    check_json(value, _path_text([*op[1], f"+{i}"]), depth=len(op[1]) + 1)
-        return ops, (self.serializer.dumps(ops) if ops else None)
+                target = state
+                for step in op[1]:
+                    target = target[step]
+                start = len(target) - len(op[2])
+                for i, value in enumerate(op[2], start):
+                    check_json(value, _path_text([*op[1], i]), depth=len(op[1]) + 1)
+        try:
+            return ops, (self.serializer.dumps(ops) if ops else None)
+        except SerializationError:  # what only the encoder sees: name it in the state
+            _inner(self.serializer).dumps(state)
+            raise
 
     def commit(self, ops: list[list[Any]]) -> None:
         self.tracker.commit(ops)
