@@ -358,7 +358,11 @@ def _deeper_than(value: object, limit: int) -> bool:
     return False
 
 
-_REQUIRED = (*(f.name for f in fields(Checkpoint) if f.name not in ("format", "parts")), "size", "crc32")
+_REQUIRED = (
+    *(f.name for f in fields(Checkpoint) if f.name not in ("format", "parts")),
+    "size",
+    "crc32",
+)
 """Every field the writer writes: a missing one is refused, never defaulted
 (a regenerated ``run_nonce`` would change every idempotency key)."""
 _REQUIRED_2 = (*_REQUIRED, "parts", "sha256")

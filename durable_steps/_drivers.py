@@ -102,7 +102,7 @@ def _next(protocol: Protocol[T], send: Any, error: BaseException | None) -> tupl
         return True, done.value
 
 
-def _perform(effect: Effect, store: Store) -> Any:
+def _perform(effect: Effect, store: Store) -> Any:  # noqa: PLR0911 - a return per effect
     if isinstance(effect, Get):
         return store.get(effect.key)
     if isinstance(effect, GetMany):

@@ -43,7 +43,7 @@ Garbage
     delete everything under ``parts/``; never while a head lists them.
 
 When to flush (design decision; the lead's FORMAT2.md, tuned): a commit adds
-its record to the tail; once the tail reaches ``T = clamp(12 × mean record,
+its record to the tail; once the tail reaches ``T = clamp(12 x mean record,
 16 KB, 8 MB)`` it is flushed into ONE part (2 PUTs instead of 1): a new base
 when there is none or the changes parts and tail outweigh it, else the tail
 appended as a changes part, the last two merged when the newer outgrows the
@@ -231,7 +231,9 @@ class _PickleFinder:
                 items = [_pickled(x) for x in value]
                 if len(items) < len(old):
                     ops.append(["cut", [key], len(items)])
-                ops += [["set", [key, i], b] for i, b in enumerate(items[: len(old)]) if b != old[i]]
+                ops += [
+                    ["set", [key, i], b] for i, b in enumerate(items[: len(old)]) if b != old[i]
+                ]
                 if len(items) > len(old):
                     ops.append(["ext", [key], items[len(old) :]])
             else:
@@ -255,7 +257,7 @@ class _PickleFinder:
     def replay(self, state: Any, record: bytes) -> Any:
         ops = self.serializer.loads(record)
         if not isinstance(ops, list):
-            raise ValueError("a record is not a list of changes")
+            raise TypeError("a record is not a list of changes")
         return apply(state, [[*op[:2], _unpickle(op[2])] if len(op) > 2 else op for op in ops])
 
 
@@ -400,9 +402,7 @@ def load_state(
     return state, parts
 
 
-def _check_part(
-    data: bytes, part: dict[str, Any], header: ckpt.Checkpoint, where: str
-) -> bytes:
+def _check_part(data: bytes, part: dict[str, Any], header: ckpt.Checkpoint, where: str) -> bytes:
     """The payload of a part, once it is proven to be the one the head lists."""
     if len(data) != part["size"] or _digest(data) != part["sha256"]:
         raise CorruptCheckpoint(

@@ -115,7 +115,9 @@ class RunState:
             path=exc.path,
         )
 
-    def save(self, header: ckpt.Checkpoint, step: str | None, *, release: bool = False) -> Protocol[None]:
+    def save(
+        self, header: ckpt.Checkpoint, step: str | None, *, release: bool = False
+    ) -> Protocol[None]:
         """Commit the live state with ``header``: the whole state in format 1,
         the change since the last commit in format 2 (see ``_format2``).
         """
@@ -125,7 +127,8 @@ class RunState:
             return
         if self.parts is None:
             self.parts = f2.Parts(self.plan.serializer, self.plan.workflow, self.run_id, None)
-        parts, dropped = self.parts, []
+        parts = self.parts
+        dropped: list[dict[str, Any]] = []
         try:
             ops, record = parts.finder.changes(self.state)
             tail = self.payload
@@ -177,7 +180,9 @@ class RunState:
             for key in (yield ListKeys(prefix)):
                 yield Delete(key, None)
         except StoreError as exc:
-            logger.warning("run %s: could not delete its parts (%s); rm removes them", self.name, exc)
+            logger.warning(
+                "run %s: could not delete its parts (%s); rm removes them", self.name, exc
+            )
 
     def load_state(self, header: ckpt.Checkpoint, payload: bytes) -> Protocol[bool]:
         """Rebuild the committed state; False if a part vanished (read the head again)."""
@@ -303,7 +308,8 @@ class RunState:
         """
         # A resumed run claims with its first write: this one, if the
         # step outlasts a third of the lease. So it says "running" too.
-        header, tail, dropped = self.header.evolve(status="running"), self.payload, []
+        header, tail = self.header.evolve(status="running"), self.payload
+        dropped: list[dict[str, Any]] = []
         if self.parts is not None and len(tail) > f2.RENEWAL_TAIL:
             header, tail, dropped = yield from self._flush(header, tail, None, rebase=False)
         yield from self.write(header, None, payload=tail)

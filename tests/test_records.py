@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 import durable_steps as ds
 from durable_steps import _checkpoint as ckpt
 from durable_steps import cli
-from durable_steps.serializers import MAX_DEPTH, JSONSerializer, PickleSerializer, check_json
+from durable_steps.serializers import MAX_DEPTH, JSONSerializer, check_json
 from tests.storetools import Wrapped, committed
 
 DEEP = 100_000
@@ -272,7 +272,9 @@ def run_from_payload(payload: bytes, serializer: str) -> tuple[ds.Workflow, list
     found = store.get(key)
     assert found is not None
     header, _ = ckpt.decode(found[0], where="t")
-    store.put(key, ckpt.encode(header.replace(format=1), payload), match=found[1])  # a format-1 state
+    store.put(
+        key, ckpt.encode(header.replace(format=1), payload), match=found[1]
+    )  # a format-1 state
     return wf, ran
 
 

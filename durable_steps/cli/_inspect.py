@@ -327,8 +327,7 @@ def _decode_state(store: Store, header: ckpt.Checkpoint, payload: bytes, unsafe:
         loaded = drive_sync(load_state(header, payload, serializer, where), store)
         if loaded is None:
             raise CommandError(
-                f"run {header.run} changed while it was read (a part was compacted); "
-                "show it again"
+                f"run {header.run} changed while it was read (a part was compacted); show it again"
             )
         return loaded[0]
     except CorruptCheckpoint as exc:
@@ -360,7 +359,9 @@ def _cmd_show(args: argparse.Namespace, store: Store, style: Style) -> int:
     header, payload, data = load(store, *locate(store, args.run))
     gone = header.status == "deleted"  # a tombstone has no state to decode
     state = (
-        _decode_state(store, header, payload, args.unsafe_unpickle) if args.state and not gone else None
+        _decode_state(store, header, payload, args.unsafe_unpickle)
+        if args.state and not gone
+        else None
     )
     if args.json:
         raw = peek_header(data, header.workflow, header.run_id)
