@@ -532,3 +532,29 @@ def test_no_part_is_left_unlisted_by_racing_writers(tmp_path: Path) -> None:
     header, state = committed(store, ckpt.checkpoint_key("chat", "race"))
     assert header.status == "completed"
     assert len(state["messages"]) == 60
+
+
+def test_a_head_read_just_before_a_compaction_is_read_again() -> None:
+    """A reader that got a head whose part was then compacted away reads the head
+    again instead of calling the run corrupt.
+    """
+    store = ds.MemoryStore()
+    key = ckpt.checkpoint_key("chat", "r1")
+    with pytest.raises(SimulatedCrash):
+        chat(CrashingStore(store, before_write=30), steps=200).run("r1", {"messages": []})
+    stale = store.get(key)
+    assert stale is not None
+    final = chat(store, steps=200).run("r1")
+    gone = [p for p in ckpt.decode(stale[0], where="t")[0].parts]
+    assert all(store.get(f2.parts_prefix("chat", "r1") + p["name"]) is None for p in gone)
+
+    class StaleOnce(Wrapped):
+        served = False
+
+        def get(self, k: str) -> tuple[bytes, str] | None:
+            if k == key and not self.served:
+                self.served = True
+                return stale
+            return super().get(k)
+
+    assert chat(StaleOnce(store), steps=200).run("r1") == final
