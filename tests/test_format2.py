@@ -545,7 +545,7 @@ def test_a_head_read_just_before_a_compaction_is_read_again() -> None:
     stale = store.get(key)
     assert stale is not None
     final = chat(store, steps=200).run("r1")
-    gone = [p for p in ckpt.decode(stale[0], where="t")[0].parts]
+    gone = ckpt.decode(stale[0], where="t")[0].parts
     assert all(store.get(f2.parts_prefix("chat", "r1") + p["name"]) is None for p in gone)
 
     class StaleOnce(Wrapped):
