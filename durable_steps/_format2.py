@@ -105,9 +105,9 @@ def parts_prefix(workflow: str, run_id: str) -> str:
     return f"{workflow}/{run_id}/parts/"
 
 
-def frame(record: bytes) -> bytes:
-    """One record as it sits in a tail or a changes part."""
-    return _LENGTH.pack(len(record)) + record
+def frame(record: bytes) -> tuple[bytes, bytes]:
+    """One record as it sits in a tail or a changes part (to be joined, not copied)."""
+    return _LENGTH.pack(len(record)), record
 
 
 def records(data: bytes) -> list[bytes]:
@@ -325,7 +325,7 @@ class Parts:
             merge = changes[-2:]  # the newer outgrew the older: merge both (geometric)
         else:
             merge = changes[-1:]
-        return "changes", b"".join(self.cached[p["name"]] for p in merge) + tail, merge
+        return "changes", b"".join([*(self.cached[p["name"]] for p in merge), tail]), merge
 
     def write_part(
         self, header: ckpt.Checkpoint, kind: str, payload: bytes
@@ -342,7 +342,7 @@ class Parts:
                 "seq": header.committed,
             }
         ).encode()
-        data = line + b"\n" + payload
+        data = b"".join((line, b"\n", payload))
         try:
             yield Put(self.key(name), data, None)
         except CheckpointConflict:

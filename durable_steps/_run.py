@@ -132,9 +132,10 @@ class RunState:
         try:
             ops, record = parts.finder.changes(self.state)
             tail = self.payload
-            if record is not None:
+            if record is not None:  # one copy of the record, then it is let go
                 parts.note(record)
-                tail += f2.frame(record)
+                tail = b"".join((tail, *f2.frame(record)))
+                del record
             if len(tail) >= parts.threshold():
                 header, tail, dropped = yield from self._flush(header, tail, step, rebase=True)
         except SerializationError as exc:
