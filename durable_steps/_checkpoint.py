@@ -11,11 +11,15 @@ readable with ``tail -n +2``; a pickle state is not mangled by base64). The
 header says how to read the payload and where the run stands:
 
 ``format``
-    1, an int. A reader refuses a higher number (``CorruptCheckpoint``:
+    1 or 2, an int. A reader refuses a higher number (``CorruptCheckpoint``:
     written by a newer durable_steps) instead of guessing, and anything else
     (``0``, ``-5``: not a valid format; ``"1"``, ``1.0``, ``true``: a
-    malformed header). A later incremental format (message histories written
-    as deltas) gets format 2 and is read beside this one.
+    malformed header). Format 2 (:mod:`durable_steps._format2`, the default
+    for new runs) is this record as the run's *head*, whose payload is the
+    *tail* of changes since the last flush, plus two fields: ``parts`` (the
+    immutable objects it references, each ``{"name", "kind", "size",
+    "sha256"}``) and ``sha256`` (of the tail: the signed line then
+    authenticates every byte the run is read from).
 ``workflow``, ``run_id``
     The run's identity, checked against the key it was read from.
 ``run_nonce``
@@ -122,7 +126,8 @@ __all__ = [
     "validate_name",
 ]
 
-FORMAT = 1
+FORMAT = 2
+"""The format new runs are written in; a run keeps the format it was created in."""
 HISTORY_LIMIT = 10
 Status = Literal["running", "failed", "in_doubt", "completed", "deleted"]
 _STATUSES = ("running", "failed", "in_doubt", "completed", "deleted")
@@ -188,6 +193,9 @@ class Checkpoint:
     owner: dict[str, Any] | None = None
     created_at: float = field(default_factory=_now)
     updated_at: float = field(default_factory=_now)
+    format: int = FORMAT
+    parts: tuple[dict[str, Any], ...] = ()
+    """Format 2 only: the parts the head references, in replay order."""
 
     @property
     def run(self) -> str:
@@ -258,7 +266,12 @@ def encode(header: Checkpoint, payload: bytes, signer: Signer | None = None) -> 
     """
     # vars(), not dataclasses.asdict(): the fields are already JSON-ready and
     # asdict's deep copy costs more than the rest of the header together.
-    record = {"format": FORMAT, **vars(header), "size": len(payload), "crc32": zlib.crc32(payload)}
+    record = {"format": header.format, **vars(header)}
+    if header.format == 1:
+        del record["parts"]
+    else:  # the tail, bound to the (signed) line; parts are bound by their own digests
+        record["sha256"] = hashlib.sha256(payload).hexdigest()
+    record["size"], record["crc32"] = len(payload), zlib.crc32(payload)
     line = _HEADER_JSON.encode(record).encode()
     if signer is not None:
         line = b'%s,"sig":"%s"}' % (line[:-1], signer.seal(line, payload).encode())
@@ -345,9 +358,17 @@ def _deeper_than(value: object, limit: int) -> bool:
     return False
 
 
-_REQUIRED = (*(f.name for f in fields(Checkpoint)), "size", "crc32")
+_REQUIRED = (
+    *(f.name for f in fields(Checkpoint) if f.name not in ("format", "parts")),
+    "size",
+    "crc32",
+)
 """Every field the writer writes: a missing one is refused, never defaulted
 (a regenerated ``run_nonce`` would change every idempotency key)."""
+_REQUIRED_2 = (*_REQUIRED, "parts", "sha256")
+"""What a format-2 head adds."""
+_PART_NAME = re.compile(r"[0-9]{1,20}-[0-9a-f]{16}")
+_HEX64 = re.compile(r"[0-9a-f]{64}")
 
 
 def decode(
@@ -377,7 +398,7 @@ def decode(
             f"reads (format {FORMAT}). Upgrade durable_steps to resume it; it was left untouched.",
             run=run,
         )
-    problem = _format_problem(version) or _presence_problem(record)
+    problem = _format_problem(version) or _presence_problem(record, version)
     if problem:
         raise CorruptCheckpoint(
             f"{where} has a malformed header: {problem}; left untouched.", run=run
@@ -390,14 +411,25 @@ def decode(
             "untouched; restore it from a backup or delete the run to start over.",
             run=run,
         )
+    if version == 2 and record.pop("sha256") != hashlib.sha256(payload).hexdigest():
+        raise CorruptCheckpoint(
+            f"{where} is damaged: its tail of changes does not match the digest its header "
+            "promises. It was left untouched; restore it or delete the run to start over.",
+            run=run,
+        )
     steps, history = record["steps"], record["history"]
+    parts = record.pop("parts", [])
     if not isinstance(steps, list) or not isinstance(history, list):
         problem = "steps and history must be lists"
     elif not all(isinstance(entry, list) for entry in history):
         problem = "history must be a list of lists"
     else:
+        problem = _parts_problem(parts)
+    if not problem:
         header = Checkpoint(
-            **{**record, "steps": tuple(steps), "history": tuple(map(tuple, history))}
+            **{**record, "steps": tuple(steps), "history": tuple(map(tuple, history))},
+            format=version,
+            parts=tuple(parts),
         )
         problem = _field_problem(header)
     if problem:
@@ -416,14 +448,34 @@ def _format_problem(version: object) -> str | None:
     return None
 
 
-def _presence_problem(record: dict[str, Any]) -> str | None:
+def _presence_problem(record: dict[str, Any], version: int) -> str | None:
     """Which field the writer always writes is missing, or which is unknown."""
-    missing = [name for name in _REQUIRED if name not in record]
+    required = _REQUIRED_2 if version == 2 else _REQUIRED
+    missing = [name for name in required if name not in record]
     if missing:
         return f"missing field {', '.join(missing)}"
-    unknown = sorted(record.keys() - _REQUIRED)
+    unknown = sorted(record.keys() - required)
     if unknown:
         return f"unknown field {', '.join(_show(name) for name in unknown)}"
+    return None
+
+
+def _parts_problem(parts: object) -> str | None:
+    """Why a format-2 head's ``parts`` is not a list of at most 3 part records."""
+    if not isinstance(parts, list) or len(parts) > 3:
+        return "parts is not a list of at most 3 parts"
+    for i, part in enumerate(parts):
+        if not (
+            isinstance(part, dict)
+            and part.keys() == {"name", "kind", "size", "sha256"}
+            and isinstance(part["name"], str)
+            and _PART_NAME.fullmatch(part["name"])
+            and part["kind"] in (("base", "changes") if i == 0 else ("changes",))
+            and _is_count(part["size"])
+            and isinstance(part["sha256"], str)
+            and _HEX64.fullmatch(part["sha256"])
+        ):
+            return f"part {_show(part)} is not a part record"
     return None
 
 

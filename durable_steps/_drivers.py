@@ -26,6 +26,8 @@ __all__ = [
     "Call",
     "Delete",
     "Get",
+    "GetMany",
+    "ListKeys",
     "Protocol",
     "Put",
     "Sleep",
@@ -41,6 +43,20 @@ class Get:
     """Read a key: result ``(bytes, version) | None``."""
 
     key: str
+
+
+@dataclass(frozen=True)
+class GetMany:
+    """Read several keys at once (in parallel): result a list of what ``Get`` gives."""
+
+    keys: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class ListKeys:
+    """List the keys under a prefix: result a list of keys."""
+
+    prefix: str
 
 
 @dataclass(frozen=True)
@@ -83,7 +99,7 @@ class AwaitableInSyncRun(DefinitionError):
     """
 
 
-Effect = Get | Put | Delete | Call | Sleep
+Effect = Get | GetMany | ListKeys | Put | Delete | Call | Sleep
 Protocol = Generator[Effect, Any, T]
 
 
@@ -95,9 +111,18 @@ def _next(protocol: Protocol[T], send: Any, error: BaseException | None) -> tupl
         return True, done.value
 
 
-def _perform(effect: Effect, store: Store) -> Any:
+def _perform(effect: Effect, store: Store) -> Any:  # noqa: PLR0911 - a return per effect
     if isinstance(effect, Get):
         return store.get(effect.key)
+    if isinstance(effect, GetMany):
+        if len(effect.keys) < 2:
+            return [store.get(key) for key in effect.keys]
+        from concurrent.futures import ThreadPoolExecutor  # only format-2 resumes pay for it
+
+        with ThreadPoolExecutor(len(effect.keys)) as pool:
+            return list(pool.map(store.get, effect.keys))
+    if isinstance(effect, ListKeys):
+        return [info.key for info in store.list(effect.prefix)]
     if isinstance(effect, Put):
         return store.put(effect.key, effect.data, match=effect.match)
     if isinstance(effect, Delete):

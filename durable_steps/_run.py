@@ -15,7 +15,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from . import _checkpoint as ckpt
-from ._drivers import Get, Protocol, Put
+from . import _format2 as f2
+from ._drivers import Delete, Get, ListKeys, Protocol, Put, drive_sync
 from ._events import Event, EventKind, Subscriber, emit, logger
 from ._lease import Heartbeat, Owner, describe
 from ._step import Step
@@ -78,6 +79,8 @@ class RunState:
         """The checkpoint vanished under a write (deleted while the run ran)."""
         self.rival: dict[str, Any] | None = None
         """The owner record found by the last refused write, if any."""
+        self.parts: f2.Parts | None = None
+        """A format-2 run's parts and change finder; ``payload`` is then its tail."""
 
     def event(self, kind: EventKind, **fields: Any) -> None:
         if self.plan.subscribers:
@@ -90,23 +93,115 @@ class RunState:
         try:
             return self.plan.serializer.dumps(self.state)
         except SerializationError as exc:
-            if step is None:
-                outcome = (
-                    "Nothing was written: the run was not created. Change that value in "
-                    "the initial state and start the run again."
-                )
-            else:
-                outcome = (
-                    f"The last good checkpoint is kept; step {step!r} will run again on "
-                    "resume, so change what it puts in the state first."
-                )
-            where = f"after step {step!r}" if step else "(the initial state)"
-            raise SerializationError(
-                f"run {self.name}: cannot save the state {where}: {exc.message} {outcome}",
-                run=self.name,
-                step=step,
-                path=exc.path,
-            ) from exc
+            raise self.unsaveable(exc, step) from exc
+
+    def unsaveable(self, exc: SerializationError, step: str | None) -> SerializationError:
+        """``exc`` with the run, the step and what happens next."""
+        if step is None:
+            outcome = (
+                "Nothing was written: the run was not created. Change that value in "
+                "the initial state and start the run again."
+            )
+        else:
+            outcome = (
+                f"The last good checkpoint is kept; step {step!r} will run again on "
+                "resume, so change what it puts in the state first."
+            )
+        where = f"after step {step!r}" if step else "(the initial state)"
+        return SerializationError(
+            f"run {self.name}: cannot save the state {where}: {exc.message} {outcome}",
+            run=self.name,
+            step=step,
+            path=exc.path,
+        )
+
+    def save(
+        self, header: ckpt.Checkpoint, step: str | None, *, release: bool = False
+    ) -> Protocol[None]:
+        """Commit the live state with ``header``: the whole state in format 1,
+        the change since the last commit in format 2 (see ``_format2``).
+        """
+        if header.format == 1:
+            self.payload = self.encode_state(step)
+            yield from self.write(header, step, release=release)
+            return
+        if self.parts is None:
+            self.parts = f2.Parts(self.plan.serializer, self.plan.workflow, self.run_id, None)
+        parts = self.parts
+        dropped: list[dict[str, Any]] = []
+        try:
+            ops, record = parts.finder.changes(self.state)
+            tail = self.payload
+            if record is not None:  # one copy of the record, then it is let go
+                parts.note(record)
+                tail = b"".join((tail, *f2.frame(record)))
+                del record
+            if len(tail) >= parts.threshold():
+                header, tail, dropped = yield from self._flush(header, tail, step, rebase=True)
+        except SerializationError as exc:
+            raise self.unsaveable(exc, step) from exc
+        yield from self.write(header, step, release=release, payload=tail)
+        self.payload = tail
+        parts.finder.commit(ops)
+        yield from self._collect(dropped)
+
+    def _flush(
+        self, header: ckpt.Checkpoint, tail: bytes, step: str | None, *, rebase: bool
+    ) -> Protocol[tuple[ckpt.Checkpoint, bytes, list[dict[str, Any]]]]:
+        """Write the part a flush of ``tail`` calls for; the head to write next
+        (listing it, with an empty tail) and the parts that head drops.
+        """
+        assert self.parts is not None
+        kind, payload, merged = self.parts.plan(header, tail, self.state, rebase=rebase)
+        try:
+            part = yield from self.parts.write_part(header, kind, payload)
+        except CheckpointConflict as exc:
+            raise self.conflict(step) from exc
+        except StoreError as exc:
+            raise self.store_error(exc, step) from exc
+        kept = () if kind == "base" else tuple(p for p in header.parts if p not in merged)
+        return header.replace(parts=(*kept, part)), b"", merged
+
+    def _collect(self, dropped: list[dict[str, Any]]) -> Protocol[None]:
+        """Delete parts the head just written no longer lists (best effort:
+        one left behind is garbage that ``rm``/``prune`` remove).
+        """
+        assert self.parts is not None
+        for part in dropped:
+            self.parts.cached.pop(part["name"], None)
+            try:
+                yield Delete(self.parts.key(part["name"]), None)
+            except StoreError as exc:
+                logger.info("run %s: could not delete an old part (%s)", self.name, exc)
+
+    def clear_parts(self) -> Protocol[None]:
+        """Delete everything under the run's ``parts/`` (after its tombstone)."""
+        prefix = f2.parts_prefix(self.plan.workflow, self.run_id)
+        try:
+            for key in (yield ListKeys(prefix)):
+                yield Delete(key, None)
+        except StoreError as exc:
+            logger.warning(
+                "run %s: could not delete its parts (%s); rm removes them", self.name, exc
+            )
+
+    def load_state(self, header: ckpt.Checkpoint, payload: bytes) -> Protocol[bool]:
+        """Rebuild the committed state; False if a part vanished (read the head again)."""
+        if header.format == 1:
+            self.state = self.decode_state(payload)
+            return True
+        where = f"run {self.name}: checkpoint {self.key!r}"
+        loaded = yield from f2.load_state(header, payload, self.plan.serializer, where)
+        if loaded is None:
+            return False
+        self.state, self.parts = loaded
+        return True
+
+    def restore(self) -> Any:
+        """The committed state again, for an attempt that starts over."""
+        if self.parts is None:
+            return self.decode_state(self.payload)
+        return self.parts.finder.committed()
 
     def decode_state(self, payload: bytes) -> Any:
         try:
@@ -208,22 +303,26 @@ class RunState:
             step=step,
         )
 
+    def _renewal(self) -> Protocol[None]:
+        """One lease renewal: the head again, with the unchanged tail (flushed
+        into a part first if it is long, so later renewals write only the header).
+        """
+        # A resumed run claims with its first write: this one, if the
+        # step outlasts a third of the lease. So it says "running" too.
+        header, tail = self.header.evolve(status="running"), self.payload
+        dropped: list[dict[str, Any]] = []
+        if self.parts is not None and len(tail) > f2.RENEWAL_TAIL:
+            header, tail, dropped = yield from self._flush(header, tail, None, rebase=False)
+        yield from self.write(header, None, payload=tail)
+        self.payload = tail
+        if dropped:
+            yield from self._collect(dropped)
+
     def heartbeat(self) -> Heartbeat:
         """Renew the lease from a thread until stopped (see ``_lease``)."""
 
         def renew() -> None:
-            # A resumed run claims with its first write: this one, if the
-            # step outlasts a third of the lease. So it says "running" too.
-            header = self.stamp(self.header.evolve(status="running"))
-            data = ckpt.encode(header, self.payload, self.signer)
-            store = self.plan.store
-            try:
-                self.version = store.put(self.key, data, match=self.version)
-            except CheckpointConflict:
-                if not self._adopt(store.get(self.key)):
-                    raise
-                self.version = store.put(self.key, data, match=self.version)
-            self.header = header
+            drive_sync(self._renewal(), self.plan.store)
 
         interval = self.plan.lease / 3
         return Heartbeat(interval, renew, self.name, first=self.owner.stamped + interval)

@@ -36,6 +36,7 @@ from typing import Any
 import tenacity
 
 from . import _checkpoint as ckpt
+from . import _format2 as f2
 from ._drivers import AwaitableInSyncRun, Call, Get, Protocol, Sleep
 from ._events import logger
 from ._lease import Heartbeat, describe, judge
@@ -47,6 +48,7 @@ from .errors import (
     DefinitionError,
     DurableStepsError,
     RunLocked,
+    SerializationError,
     StepFailed,
     StepInDoubt,
     WorkflowChanged,
@@ -78,7 +80,7 @@ def execute(plan: Plan, run_id: str, initial: Any, *, create: bool = True) -> Pr
         if found is None:
             yield from _create(run, initial)
         else:
-            claim = _load(run, *found)
+            claim = yield from _load(run, *found)
             if run.header.status == "deleted":
                 logger.info("run %s completed and its state was deleted; nothing to do", run.name)
                 return None
@@ -120,7 +122,8 @@ def submit(plan: Plan, run_id: str, initial: Any) -> Protocol[bool]:
 def _create(run: RunState, initial: Any, *, release: bool = False) -> Protocol[None]:
     plan = run.plan
     run.state = {} if initial is None else initial
-    run.payload = run.encode_state(None)
+    if not f2.supports(plan.serializer):
+        run.payload = run.encode_state(None)  # refuse a bad state before until() sees it
     done = plan.until is not None and _until(run, None)
     header = ckpt.Checkpoint(
         workflow=plan.workflow,
@@ -128,8 +131,9 @@ def _create(run: RunState, initial: Any, *, release: bool = False) -> Protocol[N
         steps=tuple(s.name for s in plan.steps),
         serializer=plan.serializer.name,
         status="completed" if done else "running",
+        format=ckpt.FORMAT if f2.supports(plan.serializer) else 1,
     )
-    yield from run.write(header, None, release=release)
+    yield from run.save(header, None, release=release)
     logger.info("run %s %s", run.name, "submitted" if release else "started")
     if plan.implicit_store and not all(s.idempotent for s in plan.steps):
         logger.warning(
@@ -145,8 +149,45 @@ def _create(run: RunState, initial: Any, *, release: bool = False) -> Protocol[N
     run.event("run_started")
 
 
-def _load(run: RunState, data: bytes, version: str) -> bool:
-    """Decode and check a found checkpoint; True if the resume must claim it first."""
+def _load(run: RunState, data: bytes, version: str) -> Protocol[bool]:
+    """Decode and check a found checkpoint; True if the resume must claim it first.
+
+    A format-2 head whose part is gone was replaced (and compacted) after it
+    was read: the head is read again, a few times, before that is corruption.
+    """
+    for _ in range(_READS):
+        claim = _check(run, data, version)
+        if run.header.status == "deleted" or (yield from run.load_state(run.header, run.payload)):
+            break
+        found = yield Get(run.key)
+        if found is None:
+            raise RunGone(f"run {run.name} no longer exists", run=run.name)
+        data, version = found
+    else:
+        raise CorruptCheckpoint(
+            f"run {run.name}: a part its checkpoint {run.key!r} lists is missing (read "
+            f"{_READS} times); it was left untouched. Restore the part or delete the run.",
+            run=run.name,
+        )
+    header = run.header
+    if header.status not in ("completed", "deleted"):
+        step = run.plan.steps[header.next_step].name
+        logger.info(
+            "run %s resumed at step %r (iteration %d) after %d committed steps",
+            run.name,
+            step,
+            header.iteration,
+            header.committed,
+        )
+        run.event("run_resumed", step=step, iteration=header.iteration)
+    return claim
+
+
+_READS = 3
+
+
+def _check(run: RunState, data: bytes, version: str) -> bool:
+    """Decode a found head and check it fits this workflow; True if it must be claimed."""
     plan = run.plan
     header, payload = ckpt.decode(
         data, where=f"run {run.name}: checkpoint {run.key!r}", run=run.name, signer=run.signer
@@ -169,20 +210,7 @@ def _load(run: RunState, data: bytes, version: str) -> bool:
         _check_steps(run.name, header.steps, tuple(s.name for s in plan.steps))
         claim = _check_owner(run, header) or claim
     run.header, run.payload, run.version = header, payload, version
-    if header.status == "deleted":
-        return False
-    run.state = run.decode_state(payload)
-    if header.status != "completed":
-        step = plan.steps[header.next_step].name
-        logger.info(
-            "run %s resumed at step %r (iteration %d) after %d committed steps",
-            run.name,
-            step,
-            header.iteration,
-            header.committed,
-        )
-        run.event("run_resumed", step=step, iteration=header.iteration)
-    return claim
+    return claim and header.status != "deleted"
 
 
 def _check_owner(run: RunState, header: ckpt.Checkpoint) -> bool:
@@ -337,7 +365,7 @@ def _settle_doubt(
             "it did" if happened else "it did not",
         )
         if not happened:  # drop what reconcile changed: the step starts clean
-            run.state = run.decode_state(run.payload)
+            run.state = run.restore()
             ctx._finish = False
         return bool(happened)
     if step.in_doubt == "raise":
@@ -421,7 +449,7 @@ def _fire(
                 raise run.conflict(step.name) from exc
             tries.prepare_for_next_attempt()
             ctx.attempt += 1
-            run.state = run.decode_state(run.payload)
+            run.state = run.restore()
             continue
         wrong = step.wrong_return(run.state, result)
         if wrong is not None:  # a bug, not bad luck: recorded as the failure, not retried
@@ -517,11 +545,9 @@ def _commit(
     last = header.next_step + 1 == len(run.plan.steps)
     try:
         done = ctx._finish or (last and (run.plan.until is None or _until(run, step.name)))
-        payload = run.encode_state(step.name)
-    except DurableStepsError as exc:  # until() raised, or the state cannot be saved
+    except DurableStepsError as exc:  # until() raised
         yield from _record_failure(run, step, ctx, exc)
         raise
-    run.payload = payload
     # A finished run's cursor points just past its last committed step; an
     # unfinished pass moves to its next step; a finished pass to the next pass.
     if last and not done:
@@ -531,7 +557,11 @@ def _commit(
     committed = header.with_commit(
         step.name, attempts, seconds, iteration=iteration, next_step=next_step, completed=done
     )
-    yield from run.write(committed, step.name)
+    try:
+        yield from run.save(committed, step.name)
+    except SerializationError as exc:  # the state cannot be saved: nothing was written
+        yield from _record_failure(run, step, ctx, exc)
+        raise
     logger.info(
         "run %s: committed step %r (iteration %d, attempt %d) in %.3fs",
         run.name,
@@ -569,9 +599,11 @@ def _tombstone(run: RunState) -> Protocol[None]:
     whatever happens here: a failure is logged, the checkpoint still holds
     the terminal marker, and the next rerun tries again.
     """
-    tomb = run.header.evolve(status="deleted", owner=None, intent=None, error=None)
+    tomb = run.header.evolve(status="deleted", owner=None, intent=None, error=None, parts=())
     try:
         yield from run.write(tomb, None, payload=b"")
+        if tomb.format == 2:
+            yield from run.clear_parts()
     except CheckpointConflict:
         # A new run under the same id (or a resolve, a takeover) wrote it after
         # our last write: it is theirs now, and stays.

@@ -29,7 +29,16 @@ crashed-and-resumed run can be compared with an uncrashed one.
 ``inside:S:I``
     in step S of pass I, after its side effect, before it returns;
 ``before-commit:S:I`` / ``after-commit:S:I``
-    around the write that commits step S of pass I.
+    around the write that commits step S of pass I;
+``before-part:N:0`` / ``after-part:N:0``
+    around the N-th write of a format-2 part (``after-part`` is between a
+    part and the head that lists it, also when that part is a compaction);
+``before-drop:N:0``
+    before the N-th deletion of a part a new head dropped (compaction's
+    garbage removal).
+
+``--flush-every-commit`` makes every format-2 commit flush its tail into a
+part, so a short run goes through every kind of flush and compaction.
 
 Write boundaries are found by :class:`KillingStore`, which wraps the store and
 decodes each checkpoint it is asked to write. Variants: ``raise`` gives the
@@ -114,6 +123,7 @@ class KillingStore:
         self.crash = crash
         self.committed = 0
         self.intent: dict[str, Any] | None = None
+        self.parts = self.drops = 0
 
     def _seen(self, data: bytes) -> None:
         header, _ = ckpt.decode(data, where="crashchild")
@@ -133,12 +143,20 @@ class KillingStore:
     def get(self, key: str) -> tuple[bytes, str] | None:
         """Pass through, remembering the header read."""
         found = self.inner.get(key)
-        if found is not None:
+        if found is not None and "/parts/" not in key:
             self._seen(found[0])
         return found
 
     def put(self, key: str, data: bytes, *, match: str | None = None) -> str:
         """Write through; die before or after the chosen write."""
+        if "/parts/" in key:
+            self.parts += 1
+            if self.crash == ("before-part", str(self.parts), 0):
+                die()
+            version = self.inner.put(key, data, match=match)
+            if self.crash == ("after-part", str(self.parts), 0):
+                die()
+            return version
         kind, step, iteration = self._classify(data, match)
         if self.crash == (f"before-{kind}", step, iteration):
             die()
@@ -149,7 +167,11 @@ class KillingStore:
         return version
 
     def delete(self, key: str, *, match: str | None = None) -> None:
-        """Pass through."""
+        """Pass through; die before the chosen deletion of a dropped part."""
+        if "/parts/" in key:
+            self.drops += 1
+            if self.crash == ("before-drop", str(self.drops), 0):
+                die()
         self.inner.delete(key, match=match)
 
     def list(self, prefix: str) -> Iterator[ds.ObjectInfo]:
@@ -159,6 +181,14 @@ class KillingStore:
     def close(self) -> None:
         """Close the inner store."""
         self.inner.close()
+
+
+def flush_every_commit() -> None:
+    """Make every format-2 commit flush (tests only: the threshold is private)."""
+    from durable_steps import _format2
+
+    _format2._MIN_FLUSH = 1
+    _format2._FLUSH_RECORDS = 0
 
 
 def parse_crash(spec: str | None) -> tuple[str, str, int] | None:
@@ -232,7 +262,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ledger", required=True, type=Path, help="side-effect ledger")
     parser.add_argument("--crash", default=None, help="BOUNDARY:STEP:ITER")
     parser.add_argument("--variant", default="plain", choices=VARIANTS)
+    parser.add_argument("--flush-every-commit", action="store_true")
     args = parser.parse_args(argv)
+    if args.flush_every_commit:
+        flush_every_commit()
     wf = build_workflow(
         ds.open_store(args.store),
         args.log,

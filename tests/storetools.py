@@ -6,6 +6,9 @@ import json
 from typing import Any
 
 import durable_steps as ds
+from durable_steps import _checkpoint as ckpt
+from durable_steps._drivers import drive_sync
+from durable_steps._format2 import load_state
 
 
 class Wrapped:
@@ -38,3 +41,16 @@ def rewrite_header(store: ds.Store, key: str, **fields: Any) -> None:
     record = json.loads(line)
     record.update(fields)
     store.put(key, json.dumps(record).encode() + b"\n" + payload, match=found[1])
+
+
+def committed(store: ds.Store, key: str, serializer: Any = None) -> tuple[ckpt.Checkpoint, Any]:
+    """A run's header and committed state as a resume rebuilds it, in either format."""
+    found = store.get(key)
+    assert found is not None
+    header, payload = ckpt.decode(found[0], where=key)
+    chosen = serializer or ds.serializers.resolve_serializer(header.serializer.split("+")[0])
+    if header.format == 1:
+        return header, chosen.loads(payload)
+    loaded = drive_sync(load_state(header, payload, chosen, key), store)
+    assert loaded is not None
+    return header, loaded[0]

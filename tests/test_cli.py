@@ -890,7 +890,7 @@ def hostile_checkpoint(workflow: str, run_id: str, **fields: Any) -> bytes:
         "history": ((f"prepare{HOSTILE}", 0, 1, 5, int(now)),),
         **fields,
     }
-    header = ckpt.Checkpoint(workflow, run_id, ("prepare", step), "json", **values)
+    header = ckpt.Checkpoint(workflow, run_id, ("prepare", step), "json", format=1, **values)
     return ckpt.encode(header, json.dumps({"note": HOSTILE, "multi": "a\nb"}).encode())
 
 

@@ -25,8 +25,8 @@ from hypothesis import strategies as st
 import durable_steps as ds
 from durable_steps import _checkpoint as ckpt
 from durable_steps import cli
-from durable_steps.serializers import MAX_DEPTH, JSONSerializer, PickleSerializer, check_json
-from tests.storetools import Wrapped
+from durable_steps.serializers import MAX_DEPTH, JSONSerializer, check_json
+from tests.storetools import Wrapped, committed
 
 DEEP = 100_000
 
@@ -52,7 +52,9 @@ def same(a: Any, b: Any) -> bool:
 
 def header_record(**changes: Any) -> dict[str, Any]:
     """A real header record (as ``encode`` writes it) for an empty JSON state."""
-    header = ckpt.Checkpoint(workflow="w", run_id="r", steps=("a", "b"), serializer="json")
+    header = ckpt.Checkpoint(
+        workflow="w", run_id="r", steps=("a", "b"), serializer="json", format=1
+    )
     line = ckpt.encode(header, b"{}").partition(b"\n")[0]
     return {**json.loads(line), **changes}
 
@@ -115,10 +117,8 @@ def test_json_refuses_what_a_resume_would_see_changed(value: Any, path: str, hin
     assert path in err.message
     assert hint in err.message
     assert 'serializer="pickle"' in err.message
-    data = store.get(ckpt.checkpoint_key("roundtrip", "r1"))
-    assert data is not None
-    header, payload = ckpt.decode(data[0], where="t")
-    assert (header.next_step, json.loads(payload)) == (1, {"n": 1})  # the last good checkpoint
+    header, state = committed(store, ckpt.checkpoint_key("roundtrip", "r1"))
+    assert (header.next_step, state) == (1, {"n": 1})  # the last good checkpoint
 
 
 def test_state_after_commit_is_the_state_a_resume_sees() -> None:
@@ -203,9 +203,7 @@ def test_pickle_keeps_what_json_refuses() -> None:
     wf.step(name="stop")(lambda s: (_ for _ in ()).throw(RuntimeError("crash")))
     with pytest.raises(ds.StepFailed):
         wf.run("r1", {})
-    found = store.get(ckpt.checkpoint_key("pk", "r1"))
-    assert found is not None
-    assert PickleSerializer().loads(ckpt.decode(found[0], where="t")[1]) == {
+    assert committed(store, ckpt.checkpoint_key("pk", "r1"))[1] == {
         "pair": (1, 2),
         "by_id": {1: "a"},
     }
@@ -274,7 +272,9 @@ def run_from_payload(payload: bytes, serializer: str) -> tuple[ds.Workflow, list
     found = store.get(key)
     assert found is not None
     header, _ = ckpt.decode(found[0], where="t")
-    store.put(key, ckpt.encode(header, payload), match=found[1])
+    store.put(
+        key, ckpt.encode(header.replace(format=1), payload), match=found[1]
+    )  # a format-1 state
     return wf, ran
 
 
@@ -513,7 +513,7 @@ def test_an_unknown_header_field_is_corrupt_checkpoint() -> None:
         (1.0, "malformed header: format is 1.0"),
         (True, "malformed header: format is True"),
         (None, "malformed header: format is None"),
-        (2, "has checkpoint format 2, newer than this durable_steps reads"),
+        (3, "has checkpoint format 3, newer than this durable_steps reads"),
     ],
 )
 def test_only_an_int_format_is_a_format(version: Any, message: str) -> None:
@@ -522,8 +522,8 @@ def test_only_an_int_format_is_a_format(version: Any, message: str) -> None:
 
 
 def test_a_newer_format_is_newer_whatever_its_fields() -> None:
-    """A format-2 header is reported as newer even though its fields differ from format 1's."""
-    assert "newer" in decode_problem(b'{"format":2,"head":{}}\n')
+    """A format-3 header is reported as newer even though its fields differ from format 2's."""
+    assert "newer" in decode_problem(b'{"format":3,"head":{}}\n')
 
 
 # --- 6. owner, intent and status values -------------------------------------------------

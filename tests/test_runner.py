@@ -714,8 +714,8 @@ def test_unserializable_initial_state(store: ds.Store) -> None:
     [
         (lambda b: b"not a checkpoint at all", "not a durable_steps checkpoint"),
         (lambda b: b[: len(b) - 7], "truncated or damaged"),
-        (lambda b: b.replace(b'"n":1', b'"n":7'), "truncated or damaged"),
-        (lambda b: b.replace(b'{"format":1', b'{"format":2', 1), "newer"),
+        (lambda b: b.replace(b'["n"],1', b'["n"],7'), "truncated or damaged"),
+        (lambda b: b.replace(b'{"format":2', b'{"format":3', 1), "newer"),
         (lambda b: b"", "not a durable_steps checkpoint"),
     ],
     ids=["garbage", "truncated", "bitflip", "newer-format", "empty"],
@@ -1055,14 +1055,14 @@ def test_on_complete_delete_spares_a_newer_run(store: ds.Store) -> None:
         def put(self, k: str, data: bytes, *, match: str | None = None) -> str:
             if b'"status":"deleted"' in data:
                 old, version = store.get(k)  # type: ignore[misc]
-                store.put(k, old.replace(b'"n":1', b'"n":2'), match=version)
+                store.put(k, old.replace(b'"committed":1,', b'"committed": 1,'), match=version)
             return store.put(k, data, match=match)
 
     wf.store = RewriteBeforeTombstone()  # type: ignore[assignment]
     assert wf.run("r1", {}) == {"n": 1}
     found = store.get(key)
     assert found is not None
-    assert b'"n":2' in found[0], "the newer checkpoint survived our late tombstone"
+    assert b'"committed": 1,' in found[0], "the newer checkpoint survived our late tombstone"
 
 
 def test_resume_claims_with_its_first_write(store: ds.Store) -> None:

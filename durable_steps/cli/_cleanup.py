@@ -9,6 +9,7 @@ from collections.abc import Callable
 from typing import Any
 
 from .. import _checkpoint as ckpt
+from .._format2 import parts_prefix
 from ..errors import CheckpointConflict
 from ..stores import Store
 from ._base import (
@@ -70,6 +71,7 @@ def _cmd_rm(args: argparse.Namespace, store: Store, style: Style) -> int:
             EXIT_REFUSED,
         )
     store.delete(key, match=found[1])  # refused if the run changed since we looked
+    _delete_parts(store, workflow, run_id)
     size = human_size(len(found[0]))
     if status == "deleted":
         echo(f"deleted the tombstone of {name} ({size}): the id is free for a new run")
@@ -123,11 +125,20 @@ def _cmd_prune(args: argparse.Namespace, store: Store, style: Style) -> int:
         except CheckpointConflict:
             echo(f"{PROG}: kept {run.name}: it changed since it was listed", stream=sys.stderr)
             continue
+        _delete_parts(store, run.workflow, run.run_id)
         deleted.append(run)
         echo(f"deleted {run.name} ({status_label(run.status)}, {human_size(run.size)})")
     size = human_size(sum(r.size for r in deleted))
     print(f"deleted {len(deleted)} run{'s' * (len(deleted) != 1)} ({size})")
     return EXIT_OK
+
+
+def _delete_parts(store: Store, workflow: str, run_id: str) -> None:
+    """Delete everything under a deleted run's ``parts/`` (format 2: the parts
+    its head listed, and any a crashed or fenced-off writer left behind).
+    """
+    for info in list(store.list(parts_prefix(workflow, run_id))):
+        store.delete(info.key)
 
 
 def register(command: Callable[..., Any]) -> None:
@@ -136,7 +147,7 @@ def register(command: Callable[..., Any]) -> None:
         "rm",
         _cmd_rm,
         "delete one run's checkpoint",
-        "Delete a run's checkpoint object (nothing else). Refused without --force for a "
+        "Delete a run's checkpoint object and its parts (format 2). Refused without --force for a "
         "run a live process owns (status running) or with a step in doubt (the new run "
         "would fire it with a new idempotency key). A stopped run can be deleted.",
     )

@@ -12,6 +12,8 @@ from collections.abc import Callable
 from typing import Any
 
 from .. import _checkpoint as ckpt
+from .._drivers import drive_sync
+from .._format2 import load_state
 from .._lease import is_live
 from ..errors import CorruptCheckpoint
 from ..serializers import SIGNING_KEY_ENV, PickleSerializer, Serializer, resolve_serializer
@@ -180,7 +182,20 @@ def _fields(pairs: list[tuple[str, str]], style: Style, red: str = "") -> list[s
 def _state_size(header: ckpt.Checkpoint, payload: bytes) -> str:
     if header.status == "deleted":
         return "a tombstone: the state was deleted when the run completed"
-    return f"{human_size(len(payload))} of state"
+    if header.format == 1:
+        return f"{human_size(len(payload))} of state"
+    parts = sum(p["size"] for p in header.parts)
+    count = len(header.parts)
+    return (
+        f"head; {human_size(len(payload))} of recent changes, "
+        f"{count} part{'s' * (count != 1)} of {human_size(parts)}"
+    )
+
+
+def _format_text(header: ckpt.Checkpoint) -> str:
+    if header.format == 1:
+        return "1 (the whole state in one object; the run continues in format 1)"
+    return "2 (a small head with the recent changes, and parts it references)"
 
 
 def describe(header: ckpt.Checkpoint, payload: bytes, size: int, style: Style) -> list[str]:
@@ -200,6 +215,7 @@ def describe(header: ckpt.Checkpoint, payload: bytes, size: int, style: Style) -
             ("committed", f"{header.committed} step commit{'s' * (header.committed != 1)}"),
             ("steps", " -> ".join(header.steps)),
             ("serializer", header.serializer),
+            ("format", _format_text(header)),
             ("size", f"{human_size(size)} ({_state_size(header, payload)})"),
             ("created", timestamp(header.created_at, now)),
             ("updated", timestamp(header.updated_at, now)),
@@ -273,7 +289,7 @@ def summary(run: RunInfo, now: float) -> dict[str, Any]:
     }
 
 
-def _decode_state(header: ckpt.Checkpoint, payload: bytes, unsafe: bool) -> Any:
+def _decode_state(store: Store, header: ckpt.Checkpoint, payload: bytes, unsafe: bool) -> Any:
     name = header.serializer
     inner = name.removesuffix(_SIGNED)
     if inner not in ("json", "pickle"):
@@ -305,7 +321,15 @@ def _decode_state(header: ckpt.Checkpoint, payload: bytes, unsafe: bool) -> Any:
     else:  # unsigned JSON, or unsigned pickle with no key in play
         serializer = PickleSerializer() if inner == "pickle" else resolve_serializer("json")
     try:
-        return serializer.loads(payload)
+        if header.format == 1:
+            return serializer.loads(payload)
+        where = f"run {header.run}: checkpoint"
+        loaded = drive_sync(load_state(header, payload, serializer, where), store)
+        if loaded is None:
+            raise CommandError(
+                f"run {header.run} changed while it was read (a part was compacted); show it again"
+            )
+        return loaded[0]
     except CorruptCheckpoint as exc:
         raise CorruptCheckpoint(f"run {header.run}: cannot decode the state: {exc}") from exc
 
@@ -335,7 +359,9 @@ def _cmd_show(args: argparse.Namespace, store: Store, style: Style) -> int:
     header, payload, data = load(store, *locate(store, args.run))
     gone = header.status == "deleted"  # a tombstone has no state to decode
     state = (
-        _decode_state(header, payload, args.unsafe_unpickle) if args.state and not gone else None
+        _decode_state(store, header, payload, args.unsafe_unpickle)
+        if args.state and not gone
+        else None
     )
     if args.json:
         raw = peek_header(data, header.workflow, header.run_id)

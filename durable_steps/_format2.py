@@ -1,0 +1,425 @@
+r"""Checkpoint format 2: every commit writes what changed, not the whole state.
+
+Objects of run ``<workflow>/<run_id>/``:
+
+``checkpoint`` — the *head*
+    The format-1 record (:mod:`durable_steps._checkpoint`) with ``"format": 2``,
+    ``parts`` and ``sha256``; its payload is the *tail*: the changes committed
+    since the last flush, as records. It is the only object of the run that is
+    ever replaced, and only by compare-and-swap (created create-only), so
+    fencing, leases and ``CheckpointConflict`` are exactly format 1's.
+``parts/<seq>-<16 hex>`` — immutable *parts*
+    A JSON line ``{"format":2,"workflow","run_id","run_nonce","kind","seq"}``
+    then the payload: for ``kind`` ``base`` the whole state as the serializer
+    encodes it, for ``changes`` records. Written create-only, before the head
+    that lists it.
+
+A *record* is one commit's change: an 8-byte big-endian length, then
+``serializer.dumps(ops)`` where ``ops`` are :mod:`durable_steps._delta` ops
+(for pickle states, with each value as its own pickle: see
+:class:`_PickleFinder`). Records concatenate, so merging changes parts is
+concatenating bytes, for any serializer. A run's state is: ``None``; each
+part in the head's order (a base replaces the state, changes are replayed);
+then the tail. A new run's first record sets the root to the initial state.
+
+Why a crash at any instant leaves a readable run
+    A part is complete before any head lists it (create-only, then the head).
+    A crash between the two leaves a part nobody lists, and the old head,
+    which lists only complete parts. The head itself is replaced atomically.
+    Parts a new head dropped are deleted only after that head landed.
+Why a straggler can never make the head point at its parts
+    Its head write is a compare-and-swap on the version it last saw, which the
+    winner's write has changed: refused, so its parts stay unlisted (garbage).
+    The winner lists only parts it wrote (64 random bits in each name: nobody
+    else writes that key) or found in a head it read.
+Integrity and signing (guarantee 10)
+    The head lists each part's size and SHA-256, and carries the tail's: every
+    byte of the run is bound to the head line, which the signing key signs (and
+    which names the run). A part swapped, edited or taken from another run is
+    refused before it is decoded; its own header must also name this run.
+Garbage
+    Unlisted parts (a crashed writer's, a fenced straggler's) are removed by
+    ``rm``, ``prune`` and the tombstone of ``on_complete="delete"``, which
+    delete everything under ``parts/``; never while a head lists them.
+
+When to flush (design decision; the lead's FORMAT2.md, tuned): a commit adds
+its record to the tail; once the tail reaches ``T = clamp(12 x mean record,
+16 KB, 8 MB)`` it is flushed into ONE part (2 PUTs instead of 1): a new base
+when there is none or the changes parts and tail outweigh it, else the tail
+appended as a changes part, the last two merged when the newer outgrows the
+older. The head lists at most 3 parts (a resume: 1 + 3 GETs, the parts in
+parallel), and every rewrite is geometric, so the bytes written stay
+proportional to what the run produced. The threshold's floor is 16 KB, not
+the design's 32 KB: at 32 KB a 400-step run of 2 KB messages wrote 5.7% of a
+full-rewrite loop's bytes (target 5%); 16 KB gives 4.5% at 1.085 PUTs/step.
+
+Intent writes, failures and releases rewrite the head with the unchanged
+tail (no re-encode). A renewal of a long step first flushes a tail over 2 KB
+into a changes part, so the renewals after it write only the header. Change
+parts' bytes (less than the base's by the flush rule) are kept in memory so
+that merging costs no read.
+
+Format-1 runs (``"format": 1``) continue in format 1; so do runs with a
+custom serializer, whose encoding of a part of the state is unknown.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import pickle
+import secrets
+import struct
+from typing import TYPE_CHECKING, Any
+
+from . import _checkpoint as ckpt
+from ._delta import Tracker, apply, snapshot
+from ._drivers import GetMany, Protocol, Put
+from .errors import CheckpointConflict, CorruptCheckpoint, SerializationError
+from .serializers import SignedSerializer, check_json
+
+if TYPE_CHECKING:
+    from .serializers import Serializer
+
+__all__ = ["Parts", "load_state", "parts_prefix", "supports"]
+
+_LENGTH = struct.Struct(">Q")
+_MIN_FLUSH, _MAX_FLUSH, _FLUSH_RECORDS = 16 * 1024, 8 * 1024 * 1024, 12
+RENEWAL_TAIL = 2048
+"""A renewal flushes a tail longer than this, so the next ones write only the header."""
+_MAX_PARTS = 3
+_LINE = json.JSONEncoder(separators=(",", ":"), ensure_ascii=True)
+
+
+def supports(serializer: Serializer) -> bool:
+    """Whether new runs with this serializer are written in format 2."""
+    return _inner(serializer).name in ("json", "pickle")
+
+
+def _inner(serializer: Serializer) -> Serializer:
+    return serializer.inner if isinstance(serializer, SignedSerializer) else serializer
+
+
+def parts_prefix(workflow: str, run_id: str) -> str:
+    """Where a run's parts live (``rm``, ``prune`` and tombstones clear it)."""
+    return f"{workflow}/{run_id}/parts/"
+
+
+def frame(record: bytes) -> tuple[bytes, bytes]:
+    """One record as it sits in a tail or a changes part (to be joined, not copied)."""
+    return _LENGTH.pack(len(record)), record
+
+
+def records(data: bytes) -> list[bytes]:
+    """The records of a tail or changes part; ValueError if the framing is broken."""
+    out, at = [], 0
+    while at < len(data):
+        if at + 8 > len(data):
+            raise ValueError("a record's length is cut short")
+        (size,) = _LENGTH.unpack_from(data, at)
+        if at + 8 + size > len(data):
+            raise ValueError("a record is cut short")
+        out.append(data[at + 8 : at + 8 + size])
+        at += 8 + size
+    return out
+
+
+# --- finding the change -----------------------------------------------------------
+
+
+def _path_text(path: list[Any]) -> str:
+    return "state" + "".join(f"[{step!r}]" for step in path)
+
+
+class _JSONFinder:
+    """JSON states: the :class:`Tracker`'s ops, each changed value checked
+    (guarantee 9) where it sits, so an unchanged state costs no encode at all.
+    """
+
+    def __init__(self, serializer: Serializer, committed: Any) -> None:
+        self.serializer = serializer
+        self.tracker = Tracker(committed)
+
+    def changes(self, state: Any) -> tuple[list[list[Any]], bytes | None]:
+        ops = self.tracker.changes(state)
+        for op in ops:
+            if op[0] == "set":
+                check_json(op[2], _path_text(op[1]), depth=len(op[1]))
+            elif op[0] == "ext":
+                target = state
+                for step in op[1]:
+                    target = target[step]
+                start = len(target) - len(op[2])
+                for i, value in enumerate(op[2], start):
+                    check_json(value, _path_text([*op[1], i]), depth=len(op[1]) + 1)
+        try:
+            return ops, (self.serializer.dumps(ops) if ops else None)
+        except SerializationError:  # what only the encoder sees: name it in the state
+            _inner(self.serializer).dumps(state)
+            raise
+
+    def commit(self, ops: list[list[Any]]) -> None:
+        self.tracker.commit(ops)
+
+    def committed(self) -> Any:
+        return snapshot(self.tracker._shadow)
+
+    def replay(self, state: Any, record: bytes) -> Any:
+        return apply(state, self.serializer.loads(record))
+
+
+def _pickled(value: Any) -> bytes:
+    """``value``'s pickle: the standard pickler where it can (several times faster
+    per small value), cloudpickle for what only it handles (lambdas, local classes).
+    """
+    try:
+        return pickle.dumps(value, pickle.HIGHEST_PROTOCOL)
+    except Exception:
+        import cloudpickle
+
+        return cloudpickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)  # type: ignore[no-any-return]
+
+
+class _PickleFinder:
+    """Pickle states, at top-level granularity: for a dict state, each
+    top-level value is pickled and compared with its bytes at the last commit;
+    a top-level list, element by element (appends, edits, truncations). Ops
+    carry the values' pickles, and a failed attempt restarts from them.
+
+    Objects shared between top-level values (or list items) are pickled apart,
+    so after a resume they are equal copies, not one object.
+    """
+
+    def __init__(self, serializer: Serializer, committed: Any) -> None:
+        self.serializer = serializer
+        self.cache: dict[Any, bytes | list[bytes]] | bytes = {}
+        self._root: Any = None  # the state of the last changes(), for a root set
+        self._load_cache(committed)
+
+    def _load_cache(self, state: Any) -> None:
+        if type(state) is dict:
+            self.cache = {
+                k: [_pickled(x) for x in v] if type(v) is list else _pickled(v)
+                for k, v in state.items()
+            }
+        else:
+            self.cache = _pickled(state)
+
+    def changes(self, state: Any) -> tuple[list[list[Any]], bytes | None]:
+        from .serializers import PickleSerializer
+
+        try:
+            ops = self._ops(state)
+        except Exception:  # let the serializer name the value it cannot pickle
+            PickleSerializer().dumps(state)
+            raise
+        return ops, (self.serializer.dumps(ops) if ops else None)
+
+    def _ops(self, state: Any) -> list[list[Any]]:
+        cache = self.cache
+        self._root = state
+        if type(state) is not dict or not isinstance(cache, dict):
+            whole = _pickled(state)
+            return [] if whole == cache else [["set", [], whole]]
+        kept = [k for k in cache if k in state]
+        if list(state)[: len(kept)] != kept:  # reordered: only the whole keeps the order
+            return [["set", [], _pickled(state)]]
+        ops: list[list[Any]] = [["del", [k]] for k in cache if k not in state]
+        for key, value in state.items():
+            old = cache.get(key)
+            if type(value) is list and isinstance(old, list):
+                items = [_pickled(x) for x in value]
+                if len(items) < len(old):
+                    ops.append(["cut", [key], len(items)])
+                ops += [
+                    ["set", [key, i], b] for i, b in enumerate(items[: len(old)]) if b != old[i]
+                ]
+                if len(items) > len(old):
+                    ops.append(["ext", [key], items[len(old) :]])
+            else:
+                blob = [_pickled(x) for x in value] if type(value) is list else _pickled(value)
+                if blob != old:
+                    ops.append(["set", [key], blob])
+        return ops
+
+    def commit(self, ops: list[list[Any]]) -> None:
+        if ops and ops[0][:2] == ["set", []]:  # a new root: cached per key from now on
+            self._load_cache(self._root)
+        elif ops:
+            self.cache = apply(self.cache, _copy_ops(ops))
+
+    def committed(self) -> Any:
+        cache = self.cache
+        if not isinstance(cache, dict):
+            return pickle.loads(cache)  # noqa: S301 - our own bytes of this process
+        return {k: _unpickle(v) for k, v in cache.items()}
+
+    def replay(self, state: Any, record: bytes) -> Any:
+        ops = self.serializer.loads(record)
+        if not isinstance(ops, list):
+            raise TypeError("a record is not a list of changes")
+        return apply(state, [[*op[:2], _unpickle(op[2])] if len(op) > 2 else op for op in ops])
+
+
+def _copy_ops(ops: list[list[Any]]) -> list[list[Any]]:
+    """Ops whose list values are copies: the cache must not share them with the ops."""
+    return [[*op[:2], list(op[2])] if len(op) > 2 and type(op[2]) is list else op for op in ops]
+
+
+def _unpickle(value: Any) -> Any:
+    """A pickled value (or list of them) of a pickle record or cache."""
+    if isinstance(value, list):
+        return [pickle.loads(x) for x in value]  # noqa: S301 - verified with its record
+    if isinstance(value, bytes):
+        return pickle.loads(value)  # noqa: S301 - verified with its record
+    return value  # a "cut" length
+
+
+# --- the run's parts ------------------------------------------------------------
+
+
+class Parts:
+    """A format-2 run's bookkeeping: its finder, the cached changes parts'
+    bytes, and how a commit or renewal turns into part and head writes.
+    """
+
+    def __init__(self, serializer: Serializer, workflow: str, run_id: str, committed: Any) -> None:
+        self.serializer = serializer
+        self.workflow, self.run_id = workflow, run_id
+        finder = _JSONFinder if _inner(serializer).name == "json" else _PickleFinder
+        self.finder: _JSONFinder | _PickleFinder = finder(serializer, committed)
+        self.cached: dict[str, bytes] = {}  # changes parts' payloads, by name
+        self._mean = 0.0
+        self._count = 0
+
+    def key(self, name: str) -> str:
+        """The store key of part ``name``."""
+        return parts_prefix(self.workflow, self.run_id) + name
+
+    def threshold(self) -> int:
+        """The tail length that triggers a flush (see the module docstring)."""
+        return int(min(max(_FLUSH_RECORDS * self._mean, _MIN_FLUSH), _MAX_FLUSH))
+
+    def note(self, record: bytes) -> None:
+        """Count a record in the running mean of record sizes."""
+        self._count += 1
+        self._mean += (len(record) + 8 - self._mean) / self._count
+
+    def plan(
+        self, header: ckpt.Checkpoint, tail: bytes, state: Any | None, *, rebase: bool
+    ) -> tuple[str, bytes, list[dict[str, Any]]]:
+        """The part a flush writes: ``(kind, payload, parts it replaces)``.
+
+        ``rebase`` allows a new base (the whole ``state``, encoded): never from
+        a renewal, which runs while the step changes the live state.
+        """
+        parts = list(header.parts)
+        base = parts[0] if parts and parts[0]["kind"] == "base" else None
+        changes = parts[1:] if base else parts
+        weight = sum(p["size"] for p in changes) + len(tail)
+        if rebase and (base is None or weight >= base["size"]):
+            return "base", self.serializer.dumps(state), parts
+        if len(parts) < _MAX_PARTS:
+            merge = []  # the tail becomes a part of its own
+        elif rebase and changes[-1]["size"] + len(tail) > changes[-2]["size"]:
+            merge = changes[-2:]  # the newer outgrew the older: merge both (geometric)
+        else:
+            merge = changes[-1:]
+        return "changes", b"".join([*(self.cached[p["name"]] for p in merge), tail]), merge
+
+    def write_part(
+        self, header: ckpt.Checkpoint, kind: str, payload: bytes
+    ) -> Protocol[dict[str, Any]]:
+        """Write one part create-only; its record for the head's ``parts``."""
+        name = f"{header.committed}-{secrets.token_hex(8)}"
+        line = _LINE.encode(
+            {
+                "format": 2,
+                "workflow": self.workflow,
+                "run_id": self.run_id,
+                "run_nonce": header.run_nonce,
+                "kind": kind,
+                "seq": header.committed,
+            }
+        ).encode()
+        data = b"".join((line, b"\n", payload))
+        try:
+            yield Put(self.key(name), data, None)
+        except CheckpointConflict:
+            # Nobody else writes this name: our own write, its answer lost
+            # (a store's retry found it there). Keep it only if it is ours.
+            found = yield from _get(self.key(name))
+            if found is None or found[0] != data:
+                raise
+        if kind == "changes":
+            self.cached[name] = payload
+        return {"name": name, "kind": kind, "size": len(data), "sha256": _digest(data)}
+
+
+def _get(key: str) -> Protocol[tuple[bytes, str] | None]:
+    got = yield GetMany((key,))
+    return got[0]  # type: ignore[no-any-return]
+
+
+def _digest(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def load_state(
+    header: ckpt.Checkpoint, tail: bytes, serializer: Serializer, where: str
+) -> Protocol[tuple[Any, Parts] | None]:
+    """Read a format-2 head's parts (in parallel) and rebuild the state.
+
+    Returns None when a part is missing (compaction deleted it after a newer
+    head replaced this one: the caller reads the head again). Every part is
+    checked against the head's size and digest, and its header against the
+    run, before anything in it is decoded.
+    """
+    parts = Parts(serializer, header.workflow, header.run_id, None)
+    found = yield GetMany(tuple(parts.key(p["name"]) for p in header.parts))
+    state: Any = None
+    try:
+        for part, got in zip(header.parts, found, strict=True):
+            if got is None:
+                return None
+            payload = _check_part(got[0], part, header, where)
+            if part["kind"] == "base":
+                state = serializer.loads(payload)
+            else:
+                parts.cached[part["name"]] = payload
+                for record in records(payload):
+                    state = parts.finder.replay(state, record)
+        for record in records(tail):
+            parts.note(record)
+            state = parts.finder.replay(state, record)
+    except (ValueError, TypeError, pickle.UnpicklingError, CorruptCheckpoint) as exc:
+        detail = exc.message if isinstance(exc, CorruptCheckpoint) else str(exc)
+        raise CorruptCheckpoint(
+            f"{where}: its changes cannot be replayed ({detail}); it was left untouched.",
+            run=header.run,
+        ) from exc
+    parts.finder = type(parts.finder)(serializer, state)
+    return state, parts
+
+
+def _check_part(data: bytes, part: dict[str, Any], header: ckpt.Checkpoint, where: str) -> bytes:
+    """The payload of a part, once it is proven to be the one the head lists."""
+    if len(data) != part["size"] or _digest(data) != part["sha256"]:
+        raise CorruptCheckpoint(
+            f"{where}: its part {part['name']!r} is not the one its head lists (changed, "
+            "damaged, or swapped for another run's); refused unread and left untouched.",
+            run=header.run,
+        )
+    line, _, payload = data.partition(b"\n")
+    try:
+        meta = json.loads(line)
+    except ValueError:
+        meta = None
+    expected = (2, header.workflow, header.run_id, header.run_nonce, part["kind"])
+    fields = ("format", "workflow", "run_id", "run_nonce", "kind")
+    if not isinstance(meta, dict) or tuple(meta.get(f) for f in fields) != expected:
+        raise CorruptCheckpoint(
+            f"{where}: its part {part['name']!r} belongs to another run; refused unread.",
+            run=header.run,
+        )
+    return payload
