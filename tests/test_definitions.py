@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -20,6 +19,7 @@ import pytest
 import durable_steps as ds
 from durable_steps import _checkpoint as ckpt
 from durable_steps.testing import SimulatedCrash
+from tests.storetools import committed
 
 Runner = Callable[..., Any]
 
@@ -417,9 +417,8 @@ def test_wrong_return_fails_the_step_and_keeps_the_state(
     assert (header.status, header.next_step) == ("failed", 1)
     assert header.error is not None
     assert header.error["type"] == "durable_steps.errors.DefinitionError"
-    found = store.get(ckpt.checkpoint_key("returns", "r1"))
-    assert found is not None
-    assert json.loads(ckpt.decode(found[0], where="test")[1]) == initial  # the committed state
+    _, state = committed(store, ckpt.checkpoint_key("returns", "r1"))
+    assert state == initial  # the committed state
 
     fixed = ds.Workflow("returns", store=store)
     fixed.step(name="first")(lambda s: None)
