@@ -229,7 +229,7 @@ def test_dropped_request_is_retried_and_logged(
     assert len(sleeps) == 1
     (line,) = [r for r in caplog.records if r.name == "durable_steps.stores"]
     assert line.levelno == logging.WARNING
-    assert "wf/k: attempt 1 of 5 failed" in line.getMessage()
+    assert "wf/k: attempt 1 of 4 failed" in line.getMessage()
 
 
 def test_lost_response_on_create_is_not_a_conflict(

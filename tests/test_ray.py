@@ -151,7 +151,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
         "PYTHONPATH": str(ROOT),
         "RAY_USAGE_STATS_ENABLED": "0",
         "WORKERAPP_LEASE": str(LEASE),
-        "WORKERAPP_STEP_SECONDS": "0.15",
+        "WORKERAPP_STEP_SECONDS": "0.5",  # a wide window to kill a node mid-run
         "WORKERAPP_LEDGER": str(base / "ledger.txt"),
         "WORKERAPP_LOG": str(base / "steps.txt"),
     }
