@@ -31,7 +31,7 @@ from tests import workerapp
 from tests.conftest import StoreTarget
 from tests.test_worker import COMMITS, DONE, Child, check_ledger, fleet, header, lines
 
-pytestmark = [pytest.mark.ray, pytest.mark.slow]
+pytestmark = [pytest.mark.ray, pytest.mark.slow, pytest.mark.timeout(300)]
 
 ROOT = Path(__file__).resolve().parent.parent
 APP = "tests.workerapp:workflow"
