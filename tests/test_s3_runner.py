@@ -205,24 +205,30 @@ def _delete_agent(store: ds.Store, ledger: list[tuple[int, str]]) -> ds.Workflow
     return wf
 
 
+def _three_attempt_store(server: S3Server, bucket: str, proxy: FaultProxy, name: str) -> ds.S3Store:
+    """A store behind the proxy, under a fresh prefix, that gives up after 3 attempts."""
+    client = server.client(endpoint_url=proxy.endpoint_url)
+    prefix = f"{name}-{uuid.uuid4().hex[:8]}"
+    return ds.S3Store(bucket, prefix, client=client, retry_attempts=3, sleep=lambda _: None)
+
+
+def _lose_the_answer(proxy: FaultProxy) -> Callable[[], None]:
+    """A fault for the next write: it lands, its answer is lost, both retries get 503."""
+
+    def lose() -> None:
+        proxy.drop_after()
+        proxy.status(503, times=2)
+
+    return lose
+
+
 def test_a_lost_tombstone_answer_never_reports_or_restarts_a_completed_run(
     server: S3Server, bucket: str, proxy: FaultProxy
 ) -> None:
     """on_complete='delete': the tombstone lands, its answer is lost, the retries get 503.
     wf.run still returns the final state, and a rerun finds the tombstone and pays nothing."""
-    client = server.client(endpoint_url=proxy.endpoint_url)
-    s3 = ds.S3Store(
-        bucket,
-        f"tomb-{uuid.uuid4().hex[:8]}",
-        client=client,
-        retry_attempts=3,
-        sleep=lambda _: None,
-    )
-
-    def lose_the_answer() -> None:
-        proxy.drop_after()
-        proxy.status(503, times=2)
-
+    s3 = _three_attempt_store(server, bucket, proxy, "tomb")
+    lose_the_answer = _lose_the_answer(proxy)
     ledger: list[tuple[int, str]] = []
     store = FaultsBeforeWrites(s3, {10: lose_the_answer})  # 9 writes of the run, then the tombstone
     assert _delete_agent(store, ledger).run("r1", {"log": [], "passes": 0}) == FINAL  # type: ignore[arg-type]
@@ -253,19 +259,8 @@ def test_a_renewal_that_landed_then_failed_is_no_conflict(
 ) -> None:
     """A heartbeat renewal lands, its answer is lost and its retries get 503: the next
     renewal adopts our own write instead of stopping the run with a false conflict."""
-    client = server.client(endpoint_url=proxy.endpoint_url)
-    s3 = ds.S3Store(
-        bucket,
-        f"renew-{uuid.uuid4().hex[:8]}",
-        client=client,
-        retry_attempts=3,
-        sleep=lambda _: None,
-    )
-
-    def lose_the_answer() -> None:
-        proxy.drop_after()
-        proxy.status(503, times=2)
-
+    s3 = _three_attempt_store(server, bucket, proxy, "renew")
+    lose_the_answer = _lose_the_answer(proxy)
     store = FaultsBeforeWrites(s3, {2: lose_the_answer})  # 1 create, 2 the first renewal
     wf = ds.Workflow("renew", store=store, lease=1.5)  # type: ignore[arg-type]  # beat every 0.5 s
     wf.step(name="slow")(lambda s: time.sleep(2.0))
