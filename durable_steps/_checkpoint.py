@@ -51,6 +51,16 @@ header says how to read the payload and where the run stands:
     tools can say what a resume will do. Written (with the unchanged payload)
     *before* the step fires, also before every re-fire; cleared by its
     commit. An intent found on resume means the step may have fired.
+``journal``
+    ``null``, or the journal of the step in progress (journaled calls, see
+    :mod:`durable_steps._journal`): ``{"step", "iteration", "calls",
+    "open"}`` and, in format 1 only, ``"inline"``. ``calls`` counts the
+    results recorded; ``open`` lists the effects whose intent is recorded
+    and whose result is not, each ``{"name", "key", "at"}``, optionally
+    ``"resolution"``; ``inline`` holds format 1's results themselves
+    (format 2 keeps them as records of the tail). Cleared by the step's
+    commit. Optional when read: checkpoints written before journaled calls
+    existed have no such field, and mean ``null``.
 ``error``
     ``null``, or the last failure: ``{"step", "iteration", "type",
     "message", "attempts", "at"}``. Cleared by the next commit.
@@ -121,6 +131,7 @@ __all__ = [
     "Signer",
     "checkpoint_key",
     "decode",
+    "effect_key",
     "encode",
     "idempotency_key",
     "validate_name",
@@ -169,6 +180,20 @@ def idempotency_key(run_nonce: str, iteration: int, index: int, step: str) -> st
     return "ds-" + hashlib.sha256(material).hexdigest()[:40]
 
 
+def effect_key(run_nonce: str, iteration: int, step: str, name: str) -> str:
+    """Derive the idempotency key of effect ``name`` of ``step`` in one pass of a run.
+
+    Like :func:`idempotency_key`, 43 printable ASCII characters, the same on
+    every retry and resume of that effect and different for every other
+    name, step, pass and run. The material is a JSON list, so no choice of
+    names can collide with another (``"a:b", "c"`` vs ``"a", "b:c"``), nor
+    with a step's key (whose material is not JSON). The step's position is
+    left out: a deploy that inserts a step before it keeps its effects' keys.
+    """
+    material = json.dumps(["effect", run_nonce, iteration, step, name]).encode()
+    return "ds-" + hashlib.sha256(material).hexdigest()[:40]
+
+
 def _now() -> float:
     """Wall-clock seconds to the millisecond: short to write, precise enough."""
     return round(time.time(), 3)
@@ -187,6 +212,7 @@ class Checkpoint:
     iteration: int = 0
     next_step: int = 0
     intent: dict[str, Any] | None = None
+    journal: dict[str, Any] | None = None
     error: dict[str, Any] | None = None
     history: tuple[tuple[Any, ...], ...] = ()
     committed: int = 0
@@ -241,6 +267,7 @@ class Checkpoint:
             iteration=iteration,
             next_step=next_step,
             intent=None,
+            journal=None,
             error=None,
             history=(*self.history, entry)[-HISTORY_LIMIT:],
             committed=self.committed + 1,
@@ -358,8 +385,10 @@ def _deeper_than(value: object, limit: int) -> bool:
     return False
 
 
+_OPTIONAL = {"journal": None}
+"""Fields added after checkpoints were first written: missing means this value."""
 _REQUIRED = (
-    *(f.name for f in fields(Checkpoint) if f.name not in ("format", "parts")),
+    *(f.name for f in fields(Checkpoint) if f.name not in ("format", "parts", *_OPTIONAL)),
     "size",
     "crc32",
 )
@@ -403,6 +432,8 @@ def decode(
         raise CorruptCheckpoint(
             f"{where} has a malformed header: {problem}; left untouched.", run=run
         )
+    for name, default in _OPTIONAL.items():
+        record.setdefault(name, default)
     size, crc = record.pop("size"), record.pop("crc32")
     if not (_is_int(size) and _is_int(crc)) or (size, crc) != (len(payload), zlib.crc32(payload)):
         raise CorruptCheckpoint(
@@ -454,7 +485,7 @@ def _presence_problem(record: dict[str, Any], version: int) -> str | None:
     missing = [name for name in required if name not in record]
     if missing:
         return f"missing field {', '.join(missing)}"
-    unknown = sorted(record.keys() - required)
+    unknown = sorted(record.keys() - required - _OPTIONAL.keys())
     if unknown:
         return f"unknown field {', '.join(_show(name) for name in unknown)}"
     return None
@@ -504,7 +535,46 @@ def _field_problem(h: Checkpoint) -> str | None:  # noqa: PLR0911 - a return per
         value = getattr(h, name)
         if not _is_time(value):
             return f"{name} is {_show(value)}, not a time"
-    return _record_problem(h)
+    return _record_problem(h) or _journal_problem(h.journal, h.format)
+
+
+def _journal_problem(journal: object, version: int) -> str | None:  # noqa: PLR0911 - per check
+    """Why a ``journal`` field is not a journal record (see the module docstring)."""
+    if journal is None:
+        return None
+    if not isinstance(journal, dict):
+        return "journal is not an object"
+    if not (isinstance(journal.get("step"), str) and _is_count(journal.get("iteration"))):
+        return "journal has no step and iteration"
+    if not _is_count(journal.get("calls")):
+        return f"journal.calls is {_show(journal.get('calls'))}"
+    opened = journal.get("open")
+    if not isinstance(opened, list):
+        return "journal.open is not a list"
+    for entry in opened:
+        if not (
+            isinstance(entry, dict)
+            and isinstance(entry.get("name"), str)
+            and _is_key(entry.get("key"))
+            and _is_time(entry.get("at"))
+            and entry.get("resolution") in (None, "fired", "not_fired")
+        ):
+            return f"journal.open entry {_show(entry)} is not an effect intent"
+    inline = journal.get("inline")
+    if version == 1 and not (
+        isinstance(inline, list)
+        and all(
+            isinstance(e, list)
+            and len(e) == 4
+            and isinstance(e[0], str)
+            and e[1] in ("call", "effect")
+            and (e[2] is None or _is_key(e[2]))
+            and isinstance(e[3], str)
+            for e in inline
+        )
+    ):
+        return "journal.inline is not a list of [name, kind, key, data]"
+    return None
 
 
 def _record_problem(h: Checkpoint) -> str | None:

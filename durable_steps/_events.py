@@ -28,6 +28,10 @@ EventKind = Literal[
     "step_committed",  # the step's checkpoint was written
     "step_failed",  # retries used up; the run stops, resumable
     "step_in_doubt",  # an intent without a commit was found
+    "call_started",  # a journaled call (ctx.call/ctx.effect) is about to run its function
+    "call_recorded",  # its result was written to the checkpoint
+    "call_replayed",  # its recorded result was returned without calling the function
+    "effect_in_doubt",  # an effect's intent without a result was found
     "run_completed",  # the terminal marker was written
 ]
 
@@ -46,6 +50,8 @@ class Event:
     """Seconds the step took (committed, failed) or will wait (retrying)."""
     error: BaseException | None = None
     idempotency_key: str | None = None
+    call: str | None = None
+    """The journaled call's name (``call_*`` and ``effect_in_doubt`` events)."""
 
 
 Subscriber = Callable[[Event], object]
@@ -58,6 +64,10 @@ def emit(subscribers: Sequence[Subscriber], event: Event) -> None:
             subscriber(event)
         except Exception:
             logger.exception("event subscriber %r failed on %s; ignored", subscriber, event.kind)
+
+
+_LOGGED = ("step_committed", "run_resumed", "step_in_doubt", "effect_in_doubt")
+"""What Progress prints a line for when it is not on a terminal."""
 
 
 class Progress:
@@ -92,6 +102,10 @@ class Progress:
             "step_committed": f"{run}: {where} done in {event.duration or 0:.2f}s",
             "step_failed": f"{run}: {where} FAILED: {event.error!r}",
             "step_in_doubt": f"{run}: {where} may have fired before a crash",
+            "call_started": f"{run}: {where} · {event.call}",
+            "call_recorded": f"{run}: {where} · {event.call} recorded",
+            "call_replayed": f"{run}: {where} · {event.call} replayed",
+            "effect_in_doubt": f"{run}: {where} · {event.call} may have fired before a crash",
             "run_completed": f"{run}: completed",
         }[event.kind]
         line = f"{text} · {self._commits} steps · {elapsed:.1f}s"
@@ -100,6 +114,9 @@ class Progress:
             pad = " " * max(self._width - len(line), 0)
             self._width = 0 if final else len(line)
             self.stream.write(f"\r{line}{pad}" + ("\n" if final else ""))
-        elif event.kind in ("step_committed", "run_resumed", "step_in_doubt") or final:
+        elif (
+            event.kind in ("step_committed", "run_resumed", "step_in_doubt", "effect_in_doubt")
+            or final
+        ):
             self.stream.write(line + "\n")
         self.stream.flush()

@@ -89,6 +89,9 @@ RENEWAL_TAIL = 2048
 """A renewal flushes a tail longer than this, so the next ones write only the header."""
 _MAX_PARTS = 3
 _LINE = json.JSONEncoder(separators=(",", ":"), ensure_ascii=True)
+JOURNAL = "jrn"
+"""The op of a journal record: ``["jrn", [step, iteration, name, kind, key], value]``,
+one per record, never mixed with a commit's ops (see ``_journal``)."""
 
 
 def supports(serializer: Serializer) -> bool:
@@ -131,7 +134,21 @@ def _path_text(path: list[Any]) -> str:
     return "state" + "".join(f"[{step!r}]" for step in path)
 
 
-class _JSONFinder:
+class _Finder:
+    """What both finders share: replaying a record, reading a journal record."""
+
+    def ops(self, record: bytes) -> list[list[Any]]:
+        raise NotImplementedError
+
+    def replay(self, state: Any, record: bytes) -> Any:
+        return apply(state, self.ops(record))
+
+    def journal_value(self, record: bytes) -> Any:
+        """The value a journal record holds, decoded afresh."""
+        return self.ops(record)[0][2]
+
+
+class _JSONFinder(_Finder):
     """JSON states: the :class:`Tracker`'s ops, each changed value checked
     (guarantee 9) where it sits, so an unchanged state costs no encode at all.
     """
@@ -164,8 +181,17 @@ class _JSONFinder:
     def committed(self) -> Any:
         return snapshot(self.tracker._shadow)
 
-    def replay(self, state: Any, record: bytes) -> Any:
-        return apply(state, self.serializer.loads(record))
+    def ops(self, record: bytes) -> list[list[Any]]:
+        """A record's ops, values decoded."""
+        ops = self.serializer.loads(record)
+        if not isinstance(ops, list):
+            raise TypeError("a record is not a list of changes")
+        return ops
+
+    def journal_record(self, meta: list[Any], value: Any, path: str) -> bytes:
+        """A journal record of ``value`` (see :mod:`durable_steps._journal`)."""
+        check_json(value, path)
+        return self.serializer.dumps([[JOURNAL, meta, value]])
 
 
 def _pickled(value: Any) -> bytes:
@@ -180,7 +206,7 @@ def _pickled(value: Any) -> bytes:
         return cloudpickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)  # type: ignore[no-any-return]
 
 
-class _PickleFinder:
+class _PickleFinder(_Finder):
     """Pickle states, at top-level granularity: for a dict state, each
     top-level value is pickled and compared with its bytes at the last commit;
     a top-level list, element by element (appends, edits, truncations). Ops
@@ -254,11 +280,23 @@ class _PickleFinder:
             return pickle.loads(cache)  # noqa: S301 - our own bytes of this process
         return {k: _unpickle(v) for k, v in cache.items()}
 
-    def replay(self, state: Any, record: bytes) -> Any:
+    def ops(self, record: bytes) -> list[list[Any]]:
+        """A record's ops, values unpickled."""
         ops = self.serializer.loads(record)
         if not isinstance(ops, list):
             raise TypeError("a record is not a list of changes")
-        return apply(state, [[*op[:2], _unpickle(op[2])] if len(op) > 2 else op for op in ops])
+        return [[*op[:2], _unpickle(op[2])] if len(op) > 2 else op for op in ops]
+
+    def journal_record(self, meta: list[Any], value: Any, path: str) -> bytes:
+        """A journal record of ``value``: its own pickle inside the record."""
+        from .serializers import PickleSerializer
+
+        try:
+            blob = _pickled(value)
+        except Exception:  # let the serializer say what cannot be pickled
+            PickleSerializer().dumps(value)
+            raise
+        return self.serializer.dumps([[JOURNAL, meta, blob]])
 
 
 def _copy_ops(ops: list[list[Any]]) -> list[list[Any]]:
@@ -289,6 +327,9 @@ class Parts:
         finder = _JSONFinder if _inner(serializer).name == "json" else _PickleFinder
         self.finder: _JSONFinder | _PickleFinder = finder(serializer, committed)
         self.cached: dict[str, bytes] = {}  # changes parts' payloads, by name
+        self.journal: list[tuple[list[Any], bytes]] = []
+        """The journal records of the step in progress found by a load, in
+        order: ``(meta, record)``, the record kept to be decoded afresh on replay."""
         self._mean = 0.0
         self._count = 0
 
@@ -378,6 +419,18 @@ def load_state(
     parts = Parts(serializer, header.workflow, header.run_id, None)
     found = yield GetMany(tuple(parts.key(p["name"]) for p in header.parts))
     state: Any = None
+    journal = header.journal
+    current = [journal["step"], journal["iteration"]] if journal else None
+
+    def replay(record: bytes) -> None:
+        nonlocal state
+        ops = parts.finder.ops(record)
+        if ops and ops[0][0] == JOURNAL:  # a call's record: the step in progress's only
+            if ops[0][1][:2] == current:
+                parts.journal.append((ops[0][1], record))
+        else:
+            state = apply(state, ops)
+
     try:
         for part, got in zip(header.parts, found, strict=True):
             if got is None:
@@ -388,10 +441,10 @@ def load_state(
             else:
                 parts.cached[part["name"]] = payload
                 for record in records(payload):
-                    state = parts.finder.replay(state, record)
+                    replay(record)
         for record in records(tail):
             parts.note(record)
-            state = parts.finder.replay(state, record)
+            replay(record)
     except (ValueError, TypeError, pickle.UnpicklingError, CorruptCheckpoint) as exc:
         detail = exc.message if isinstance(exc, CorruptCheckpoint) else str(exc)
         raise CorruptCheckpoint(

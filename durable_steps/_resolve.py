@@ -43,11 +43,15 @@ def resolve(
             "for the command line).",
             run=name,
         )
-    if header.intent is None:
+    journal = header.journal
+    effects = [e for e in (journal or {}).get("open", ()) if "resolution" not in e]
+    if header.intent is None and not effects:
         raise DurableStepsError(
-            f"run {name} has no step in doubt (status {header.status}); nothing to resolve",
+            f"run {name} has no step or effect in doubt (status {header.status}); "
+            "nothing to resolve",
             run=name,
         )
+    step = header.intent.get("step") if header.intent else (journal or {}).get("step")
     if is_live(header.owner, skew=store_skew(store), since=header.updated_at) and not force:
         assert header.owner is not None
         raise RunLocked(
@@ -55,19 +59,23 @@ def resolve(
             "right now, so it is not in doubt. Wait for that process; pass force=True "
             "(--force) only if it is surely gone.",
             run=name,
-            step=header.intent.get("step"),
+            step=step,
         )
-    intent = {**header.intent, "resolution": "fired" if fired else "not_fired"}
+    resolution = "fired" if fired else "not_fired"
+    changes: dict[str, object] = {"status": "running"}
+    if header.intent is not None:
+        changes["intent"] = {**header.intent, "resolution": resolution}
+    if effects and journal is not None:  # every effect in doubt gets the same answer
+        opened = [
+            e if "resolution" in e else {**e, "resolution": resolution} for e in journal["open"]
+        ]
+        changes["journal"] = {**journal, "open": opened}
     try:
-        store.put(
-            key,
-            ckpt.encode(header.evolve(intent=intent, status="running"), payload, signer),
-            match=found[1],
-        )
+        store.put(key, ckpt.encode(header.evolve(**changes), payload, signer), match=found[1])
     except CheckpointConflict as exc:
         raise CheckpointConflict(
             f"run {name} changed while it was being resolved (is it running?); "
             "check its status and resolve again",
             run=name,
-            step=header.intent.get("step"),
+            step=step,
         ) from exc

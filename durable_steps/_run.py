@@ -81,6 +81,11 @@ class RunState:
         """The owner record found by the last refused write, if any."""
         self.parts: f2.Parts | None = None
         """A format-2 run's parts and change finder; ``payload`` is then its tail."""
+        self.lock = threading.Lock()
+        """Held by every write made while a step runs (its journal, the heartbeat)."""
+        self.mark: int | None = None
+        """Format 2, while a step runs: the length of the committed tail, which
+        the step's journal records follow (its commit drops them)."""
 
     def event(self, kind: EventKind, **fields: Any) -> None:
         if self.plan.subscribers:
@@ -131,7 +136,8 @@ class RunState:
         dropped: list[dict[str, Any]] = []
         try:
             ops, record = parts.finder.changes(self.state)
-            tail = self.payload
+            # The journal of the step just run ends here: its records go.
+            tail = self.payload if self.mark is None else self.payload[: self.mark]
             if record is not None:  # one copy of the record, then it is let go
                 parts.note(record)
                 tail = b"".join((tail, *f2.frame(record)))
@@ -141,7 +147,7 @@ class RunState:
         except SerializationError as exc:
             raise self.unsaveable(exc, step) from exc
         yield from self.write(header, step, release=release, payload=tail)
-        self.payload = tail
+        self.payload, self.mark = tail, None
         parts.finder.commit(ops)
         yield from self._collect(dropped)
 
@@ -303,17 +309,27 @@ class RunState:
             step=step,
         )
 
-    def _renewal(self) -> Protocol[None]:
-        """One lease renewal: the head again, with the unchanged tail (flushed
-        into a part first if it is long, so later renewals write only the header).
+    def rewrite(
+        self,
+        header: ckpt.Checkpoint,
+        tail: bytes,
+        step: str | None,
+        *,
+        flush_over: int | None = None,
+    ) -> Protocol[None]:
+        """Write the head while a step runs (a renewal, a journal record):
+        ``tail`` is flushed into a part first once it is longer than
+        ``flush_over`` (by default the commit's threshold), so the writes
+        after it carry only the header and what came since.
         """
-        # A resumed run claims with its first write: this one, if the
-        # step outlasts a third of the lease. So it says "running" too.
-        header, tail = self.header.evolve(status="running"), self.payload
         dropped: list[dict[str, Any]] = []
-        if self.parts is not None and len(tail) > f2.RENEWAL_TAIL:
-            header, tail, dropped = yield from self._flush(header, tail, None, rebase=False)
-        yield from self.write(header, None, payload=tail)
+        if self.parts is not None:
+            limit = self.parts.threshold() if flush_over is None else flush_over
+            if len(tail) > limit:
+                header, tail, dropped = yield from self._flush(header, tail, step, rebase=False)
+                if self.mark is not None:
+                    self.mark = 0  # the committed tail is in the part now
+        yield from self.write(header, step, payload=tail)
         self.payload = tail
         if dropped:
             yield from self._collect(dropped)
@@ -322,7 +338,12 @@ class RunState:
         """Renew the lease from a thread until stopped (see ``_lease``)."""
 
         def renew() -> None:
-            drive_sync(self._renewal(), self.plan.store)
+            # A resumed run claims with its first write: this one, if the
+            # step outlasts a third of the lease. So it says "running" too.
+            with self.lock:
+                header = self.header.evolve(status="running")
+                renewal = self.rewrite(header, self.payload, None, flush_over=f2.RENEWAL_TAIL)
+                drive_sync(renewal, self.plan.store)
 
         interval = self.plan.lease / 3
         return Heartbeat(interval, renew, self.name, first=self.owner.stamped + interval)

@@ -31,6 +31,7 @@ the same key, reconcile, or stop, per the step's ``in_doubt`` policy).
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from typing import Any
 
 import tenacity
@@ -39,6 +40,7 @@ from . import _checkpoint as ckpt
 from . import _format2 as f2
 from ._drivers import AwaitableInSyncRun, Call, Get, Protocol, Sleep
 from ._events import logger
+from ._journal import Journal
 from ._lease import Heartbeat, describe, judge
 from ._run import Plan, Released, RunState, store_skew
 from ._step import Context, Step
@@ -271,6 +273,9 @@ def _advance(run: RunState, step: Step[..., Any], index: int) -> Protocol[None]:
     if in_doubt:
         key = intent["key"]  # type: ignore[index]  # the persisted key wins over a re-derived one
     ctx = Context(run.run_id, run.plan.workflow, step.name, header.iteration, 1, key, in_doubt)
+    journal = Journal(run, step.name, header.iteration)
+    ctx._journal = journal
+    run.mark = len(run.payload) if run.parts is not None else None
 
     if in_doubt:
         assert intent is not None
@@ -300,13 +305,18 @@ def _advance(run: RunState, step: Step[..., Any], index: int) -> Protocol[None]:
             # its commit, and running it twice is harmless.)
             yield from run.write(run.header.evolve(status="running"), step.name)
 
+    doubtful = journal.in_doubt()
+    if doubtful:
+        yield from _settle_effects(run, step, ctx, doubtful)
+
     started = time.monotonic()
     heartbeat = run.heartbeat()
     try:
         attempts, failure = yield from _fire(run, step, ctx, heartbeat)
     finally:
         heartbeat.stop()
-    if heartbeat.lost:  # taken over while the step ran: say so before anything else
+        journal.close()
+    if heartbeat.lost or journal.lost:  # taken over while the step ran: say so first
         raise run.conflict(step.name)
     if isinstance(failure, AwaitableInSyncRun):  # it never ran: withdraw our intent
         if not step.idempotent:  # back to the header before it (an earlier crash's intent stays)
@@ -392,6 +402,64 @@ def _settle_doubt(
     return False
 
 
+def _settle_effects(
+    run: RunState, step: Step[..., Any], ctx: Context, doubtful: list[dict[str, Any]]
+) -> Protocol[None]:
+    """Decide the effects found in doubt before the step runs again.
+
+    ``reconcile`` is asked about each (``True``: it happened, so ``ctx.effect``
+    returns None for it without firing; ``False``: it fires again with its
+    key); ``in_doubt="raise"`` stops the run; by default each fires again
+    with its key when the step reaches it.
+    """
+    for entry in doubtful:
+        run.event(
+            "effect_in_doubt",
+            step=step.name,
+            iteration=ctx.iteration,
+            call=entry["name"],
+            idempotency_key=entry["key"],
+        )
+    if step.reconcile is not None:
+        for entry in doubtful:
+            asked = replace(ctx, effect_in_doubt=entry["name"], idempotency_key=entry["key"])
+            try:
+                happened = yield from _call_owned(
+                    run, step, Call(step.reconcile, (run.state, asked))
+                )
+            except (CheckpointConflict, AwaitableInSyncRun):
+                raise
+            except Exception as exc:
+                yield from _give_up(run, step, ctx, exc, what=f"reconcile() of {entry['name']!r}")
+            logger.warning(
+                "run %s: effect %r of step %r may have fired (key %s); reconcile says %s",
+                run.name,
+                entry["name"],
+                step.name,
+                entry["key"],
+                "it did" if happened else "it did not",
+            )
+            entry["resolution"] = "fired" if happened else "not_fired"
+            run.state = run.restore()  # the step starts from the committed state
+        return
+    if step.in_doubt == "raise":
+        first = doubtful[0]
+        yield from run.write(run.header.evolve(status="in_doubt"), step.name)
+        more = f" (and {len(doubtful) - 1} more)" if len(doubtful) > 1 else ""
+        raise StepInDoubt(
+            f"run {run.name}: effect {first['name']!r}{more} of step {step.name!r} (iteration "
+            f"{ctx.iteration}) may have fired before the last crash, with idempotency key "
+            f"{first['key']}. Check whether it happened, then call "
+            f"wf.resolve({run.run_id!r}, fired=True|False) or run "
+            f"`durable-steps resolve {run.name} --fired|--not-fired`, and run it again.",
+            run=run.name,
+            step=step.name,
+            key=first["key"],
+            iteration=ctx.iteration,
+            effect=first["name"],
+        )
+
+
 def _fire(
     run: RunState, step: Step[..., Any], ctx: Context, heartbeat: Heartbeat
 ) -> Protocol[tuple[int, Exception | None]]:
@@ -408,6 +476,8 @@ def _fire(
         tries = tenacity.RetryCallState(policy, None, (), {})
     while True:
         ctx._finish = False  # a failed attempt's finish() does not carry over
+        if ctx._journal is not None:
+            ctx._journal.begin_attempt(ctx.attempt)
         run.event(
             "step_started",
             step=step.name,

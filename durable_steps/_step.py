@@ -4,14 +4,17 @@ from __future__ import annotations
 
 import functools
 import inspect
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any, Generic, Literal, ParamSpec, TypeVar, overload
+from typing import TYPE_CHECKING, Any, Generic, Literal, ParamSpec, TypeVar, overload
 
 import tenacity
 
-from ._checkpoint import validate_name
+from ._checkpoint import effect_key, validate_name
 from .errors import DefinitionError
+
+if TYPE_CHECKING:
+    from ._journal import Journal
 
 __all__ = ["Context", "Retry", "Step", "callable_with", "is_async_callable", "step"]
 
@@ -94,11 +97,66 @@ class Context:
     idempotency_key: str
     in_doubt: bool = False
     """True when an earlier process may already have fired this step."""
+    effect_in_doubt: str | None = None
+    """In ``reconcile``: the name of the effect in doubt it is asked about
+    (``idempotency_key`` is then that effect's key); None for the step itself."""
     _finish: bool = field(default=False, repr=False)
+    _journal: Journal | None = field(default=None, repr=False)
 
     def finish(self) -> None:
         """Complete the run when this step commits: no further steps or passes run."""
         self._finish = True
+
+    def call(self, name: str, fn: Callable[P, R], /, *args: P.args, **kwargs: P.kwargs) -> R:
+        """Call ``fn(*args, **kwargs)`` once for this step of this pass, recorded.
+
+        The result is serialized with the workflow's serializer and written
+        to the checkpoint before ``call`` returns. A later ``call`` with the
+        same ``name`` before the step commits — in a retry, or after a crash —
+        returns the recorded result without calling ``fn``. Either way the
+        value returned is the *decoded* record (after a JSON round trip, a
+        tuple comes back as a list), so it does not matter which happened.
+        Each name may be used once per attempt: put an index or id in it.
+        """
+        if self._journal is None:  # a step called by hand (a unit test): no run to record in
+            return fn(*args, **kwargs)
+        return self._journal.call(name, fn, args, kwargs)  # type: ignore[no-any-return]
+
+    def effect(self, name: str, fn: Callable[..., R], /, *args: Any, **kwargs: Any) -> R:
+        """Call ``fn(*args, idempotency_key=key, **kwargs)`` as a side effect.
+
+        The effect's intent, holding ``key`` (at most 64 printable ASCII
+        characters, the same on every retry and resume of this effect), is
+        written before ``fn`` starts; its result is recorded like
+        :meth:`call`'s. If the run stopped between the two, the effect is *in
+        doubt* on resume: by default it fires again with the same key (the API
+        deduplicates); ``in_doubt="raise"`` on the step stops the run with
+        :class:`~durable_steps.StepInDoubt` naming the effect instead, and
+        ``reconcile`` is asked first (with ``ctx.effect_in_doubt`` set to its name).
+        """
+        if self._journal is None:
+            key = effect_key(self.idempotency_key, self.iteration, self.step, name)
+            return fn(*args, idempotency_key=key, **kwargs)
+        return self._journal.effect(name, fn, args, kwargs)  # type: ignore[no-any-return]
+
+    async def acall(
+        self, name: str, fn: Callable[P, Awaitable[R]], /, *args: P.args, **kwargs: P.kwargs
+    ) -> R:
+        r""":meth:`call` for a coroutine function, in an async step; concurrent
+        ``acall``\ s (``asyncio.gather``) are each recorded, sharing writes.
+        """
+        if self._journal is None:
+            return await fn(*args, **kwargs)
+        return await self._journal.acall(name, fn, args, kwargs)  # type: ignore[no-any-return]
+
+    async def aeffect(
+        self, name: str, fn: Callable[..., Awaitable[R]], /, *args: Any, **kwargs: Any
+    ) -> R:
+        """:meth:`effect` for a coroutine function, in an async step."""
+        if self._journal is None:
+            key = effect_key(self.idempotency_key, self.iteration, self.step, name)
+            return await fn(*args, idempotency_key=key, **kwargs)
+        return await self._journal.aeffect(name, fn, args, kwargs)  # type: ignore[no-any-return]
 
 
 class Step(Generic[P, R]):
@@ -134,11 +192,6 @@ class Step(Generic[P, R]):
             ) from None
         if retry is not None and not isinstance(retry, Retry):
             raise DefinitionError(f"step {label!r}: retry must be a ds.Retry, not {retry!r}")
-        if idempotent and (in_doubt is not None or reconcile is not None):
-            raise DefinitionError(
-                f"step {label!r}: in_doubt= and reconcile= apply only to non-idempotent "
-                "steps; add idempotent=False or remove them"
-            )
         if in_doubt not in (None, "refire", "raise"):
             raise DefinitionError(
                 f"step {label!r}: in_doubt must be 'refire' or 'raise', not {in_doubt!r}"

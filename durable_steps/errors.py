@@ -84,7 +84,8 @@ class StepInDoubt(DurableStepsError):
     """A non-idempotent step may have fired, and its policy says stop.
 
     Raised on resume when a step declared ``in_doubt="raise"`` has an intent
-    but no commit. Find out whether the effect happened (``key`` is the
+    but no commit, or one of its effects (``ctx.effect``) has an intent but
+    no result (``effect`` names it). Find out whether the effect happened (``key`` is the
     idempotency key it was sent with), then tell the run with
     ``Workflow.resolve(run_id, fired=...)`` or ``durable-steps resolve``.
     """
@@ -97,13 +98,21 @@ class StepInDoubt(DurableStepsError):
         step: str | None = None,
         key: str | None = None,
         iteration: int | None = None,
+        effect: str | None = None,
     ) -> None:
         super().__init__(message, run=run, step=step)
         self.key = key
         self.iteration = iteration
+        self.effect = effect
+        """The effect in doubt (``ctx.effect``'s name), or None for the step itself."""
 
     def _fields(self) -> dict[str, Any]:
-        return {**super()._fields(), "key": self.key, "iteration": self.iteration}
+        return {
+            **super()._fields(),
+            "key": self.key,
+            "iteration": self.iteration,
+            "effect": self.effect,
+        }
 
 
 class StepFailed(DurableStepsError):

@@ -54,6 +54,7 @@ def _cmd_rm(args: argparse.Namespace, store: Store, style: Style) -> int:
         header.get("owner"),
         header.get("intent"),
         since=header.get("updated_at"),
+        journal=header.get("journal"),
     )
     intent = header.get("intent")
     if not args.force and status == "running":

@@ -12,7 +12,7 @@ from ..serializers import SIGNING_KEY_ENV, JSONSerializer, SignedSerializer
 from ..stores import Store
 from ._base import EXIT_OK, EXIT_REFUSED, RUN_HELP, CommandError, run_ref
 from ._format import Style, echo, status_label
-from ._runs import load, locate, run_status
+from ._runs import load, locate, open_effects, run_status
 
 __all__ = ["register"]
 
@@ -21,12 +21,16 @@ def _cmd_resolve(args: argparse.Namespace, store: Store, style: Style) -> int:
     workflow, run_id = locate(store, args.run)
     header, _, _ = load(store, workflow, run_id)
     intent = header.intent
-    if intent is None:
+    effects = open_effects(header.journal)
+    if intent is None and not effects:
         status = status_label(
-            run_status(header.status, header.owner, intent, since=header.updated_at)
+            run_status(
+                header.status, header.owner, intent, since=header.updated_at, journal=header.journal
+            )
         )
         raise CommandError(
-            f"run {header.run} has no step in doubt (status {status}); nothing to resolve",
+            f"run {header.run} has no step or effect in doubt (status {status}); "
+            "nothing to resolve",
             EXIT_REFUSED,
         )
     # A signed run is verified and re-signed with the key (the inner
@@ -39,10 +43,12 @@ def _cmd_resolve(args: argparse.Namespace, store: Store, style: Style) -> int:
         if args.fired
         else "not fired: the next run fires it again with the same idempotency key"
     )
-    echo(
-        f"resolved {header.run}: step {intent.get('step')!r} (iteration "
-        f"{intent.get('iteration')}, key {intent.get('key')}) {what}. Rerun the workflow."
-    )
+    resolved = []
+    if intent:
+        where = f"iteration {intent.get('iteration')}, key {intent.get('key')}"
+        resolved.append(f"step {intent.get('step')!r} ({where})")
+    resolved += [f"effect {e.get('name')!r} (key {e.get('key')})" for e in effects]
+    echo(f"resolved {header.run}: {', '.join(resolved)} {what}. Rerun the workflow.")
     return EXIT_OK
 
 

@@ -40,7 +40,16 @@ from ._format import (
     table,
     timestamp,
 )
-from ._runs import RunInfo, find_runs, load, locate, owner_text, peek_header, run_status
+from ._runs import (
+    RunInfo,
+    find_runs,
+    load,
+    locate,
+    open_effects,
+    owner_text,
+    peek_header,
+    run_status,
+)
 
 __all__ = ["describe", "next_hint", "register", "summary"]
 
@@ -108,12 +117,23 @@ def _on_rerun(policy: object) -> str:
 def _doubt(header: ckpt.Checkpoint, intent: dict[str, Any]) -> tuple[str, str]:
     """``'step' may have fired (key K)``, and how to tell the run whether it did."""
     step = header.steps[header.next_step] if header.next_step < len(header.steps) else "?"
+    effect = intent.get("effect")
+    skips = f"does not fire effect {effect!r} again" if effect else "skips the step"
     resolve = (
         "ask the service it calls whether that key went through, then "
-        f"`{PROG} resolve {header.run} --fired` (it did: the rerun skips the step) or "
+        f"`{PROG} resolve {header.run} --fired` (it did: the rerun {skips}) or "
         "`--not-fired` (the rerun fires it again with the same key)"
     )
-    return f"{intent.get('step', step)!r} may have fired (key {intent.get('key')})", resolve
+    what = f"effect {effect!r} of step " if effect else ""
+    return f"{what}{intent.get('step', step)!r} may have fired (key {intent.get('key')})", resolve
+
+
+def _effect_intent(header: ckpt.Checkpoint) -> dict[str, Any] | None:
+    """The first effect in doubt, shaped like a step's intent (for the hints)."""
+    effects = open_effects(header.journal)
+    if not effects or header.journal is None:
+        return None
+    return {"step": header.journal["step"], "effect": effects[0]["name"], "key": effects[0]["key"]}
 
 
 def _crashed_hint(header: ckpt.Checkpoint, intent: dict[str, Any], resume: str) -> str:
@@ -147,7 +167,7 @@ def next_hint(header: ckpt.Checkpoint) -> str:
     """What to do about a run, in one sentence (the ``next:`` line of ``show``)."""
     name = header.run
     step = header.steps[header.next_step] if header.next_step < len(header.steps) else "?"
-    intent = header.intent or {}
+    intent = header.intent or _effect_intent(header) or {}
     doubt, resolve = _doubt(header, intent)
     if header.status in _FINISHED:
         return _finished_hint(header)
@@ -206,7 +226,9 @@ def describe(header: ckpt.Checkpoint, payload: bytes, size: int, style: Style) -
     else:
         step = header.steps[header.next_step] if header.next_step < n else "?"
         where = f"next step {step!r} ({header.next_step + 1} of {n}), iteration {header.iteration}"
-    status = run_status(header.status, header.owner, header.intent, since=header.updated_at)
+    status = run_status(
+        header.status, header.owner, header.intent, since=header.updated_at, journal=header.journal
+    )
     lines = [f"{style.bold(clean(header.run))}  {style.status(status)}"]
     lines += _fields(
         [
@@ -236,6 +258,8 @@ def describe(header: ckpt.Checkpoint, payload: bytes, size: int, style: Style) -
             ],
             style,
         )
+    if header.journal:
+        lines += _journal_lines(header, header.journal, style, now)
     if header.error:
         err = header.error
         lines += ["", style.bold("last error")]
@@ -265,6 +289,31 @@ def describe(header: ckpt.Checkpoint, payload: bytes, size: int, style: Style) -
         lines += table(headers, rows, style=style, right=(1, 2, 3), indent="  ")
     lines += ["", f"{style.bold('next:')} {clean(next_hint(header))}"]
     return lines
+
+
+def _journal_lines(
+    header: ckpt.Checkpoint, journal: dict[str, Any], style: Style, now: float
+) -> list[str]:
+    """The ``journal`` section: the step in progress's recorded calls and open effects."""
+    calls = journal["calls"]
+    recorded = f"{calls} call{'s' * (calls != 1)} recorded (replayed when the step runs again)"
+    if header.format == 1 and journal.get("inline"):
+        recorded += ": " + ", ".join(repr(entry[0]) for entry in journal["inline"])
+    pairs = [
+        ("step", f"{journal['step']} (iteration {journal['iteration']})"),
+        ("recorded", recorded),
+    ]
+    for entry in journal["open"]:
+        resolution = entry.get("resolution")
+        what = f"resolved as {resolution}" if resolution else "in doubt (it may have fired)"
+        pairs.append(
+            (
+                f"effect {entry['name']!r}",
+                f"{what}, idempotency key {entry['key']}, intent written "
+                f"{timestamp(float(entry['at']), now)}",
+            )
+        )
+    return ["", style.bold("journal of the step in progress"), *_fields(pairs, style)]
 
 
 def summary(run: RunInfo, now: float) -> dict[str, Any]:

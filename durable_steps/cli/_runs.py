@@ -74,7 +74,11 @@ class RunInfo:
                 problem = f"{key!r} holds the checkpoint of another run ({header.run})"
             else:
                 status = run_status(
-                    header.status, header.owner, header.intent, since=header.updated_at
+                    header.status,
+                    header.owner,
+                    header.intent,
+                    since=header.updated_at,
+                    journal=header.journal,
                 )
         except CorruptCheckpoint as exc:
             problem = exc.message
@@ -134,16 +138,29 @@ def locate(store: Store, ref: tuple[str | None, str]) -> tuple[str, str]:
 
 
 def run_status(
-    status: str, owner: dict[str, Any] | None, intent: object, *, since: object = None
+    status: str,
+    owner: dict[str, Any] | None,
+    intent: object,
+    *,
+    since: object = None,
+    journal: object = None,
 ) -> str:
     """The status to show: a ``running`` run no live process owns is ``stopped``,
-    or ``in_doubt`` if its ``intent`` is unresolved (the step may have fired).
-    ``since`` is the header's ``updated_at``, which bounds the lease.
+    or ``in_doubt`` if its ``intent``, or an effect its ``journal`` lists as
+    open, is unresolved (it may have fired). ``since`` is the header's
+    ``updated_at``, which bounds the lease.
     """
     if status != "running" or is_live(owner, since=since):
         return status
     pending = isinstance(intent, dict) and intent.get("resolution") is None
-    return "in_doubt" if pending else "stopped"
+    return "in_doubt" if pending or open_effects(journal) else "stopped"
+
+
+def open_effects(journal: object) -> list[dict[str, Any]]:
+    """The effects a header's ``journal`` lists as in doubt (intent, no result, unresolved)."""
+    if not isinstance(journal, dict) or not isinstance(journal.get("open"), list):
+        return []
+    return [e for e in journal["open"] if isinstance(e, dict) and e.get("resolution") is None]
 
 
 def owner_text(owner: dict[str, Any] | None, status: str, *, since: object = None) -> str:
