@@ -114,8 +114,9 @@ class Context:
         to the checkpoint before ``call`` returns. A later ``call`` with the
         same ``name`` before the step commits — in a retry, or after a crash —
         returns the recorded result without calling ``fn``. Either way the
-        value returned is the *decoded* record (after a JSON round trip, a
-        tuple comes back as a list), so it does not matter which happened.
+        value returned is the *decoded* record, a copy, so it does not matter
+        which happened. The serializer's rules for the state apply to results
+        (JSON refuses a tuple or an SDK object: return ``.model_dump()``).
         Each name may be used once per attempt: put an index or id in it.
         """
         if self._journal is None:  # a step called by hand (a unit test): no run to record in
