@@ -79,7 +79,8 @@ def test_a_retry_replays_finished_calls_and_refires_the_effect_with_its_key(
     assert wf.run("r", {"messages": []}) == {"messages": ["paid a", "paid b"]}
     assert seen.count("model") == 1
     b_keys = [s[1] for s in seen if s[0] == "b"]
-    assert len(b_keys) == 2 and b_keys[0] == b_keys[1]
+    assert len(b_keys) == 2
+    assert b_keys[0] == b_keys[1]
     assert len([s for s in seen if s[0] == "a"]) == 1
 
 
@@ -174,7 +175,8 @@ def test_a_name_used_twice_in_one_attempt_is_refused(tmp_path: Path) -> None:
     with pytest.raises(ds.StepFailed) as info:
         wf.run("r")
     assert isinstance(info.value.__cause__, ds.DefinitionError)
-    assert "'tool'" in str(info.value.__cause__) and "twice/r" in str(info.value.__cause__)
+    assert "'tool'" in str(info.value.__cause__)
+    assert "twice/r" in str(info.value.__cause__)
 
 
 def test_an_unsaveable_result_names_the_call_step_and_run(tmp_path: Path) -> None:
@@ -192,8 +194,11 @@ def test_an_unsaveable_result_names_the_call_step_and_run(tmp_path: Path) -> Non
     cause = info.value.__cause__
     assert isinstance(cause, ds.SerializationError)
     message = str(cause)
-    assert "unsaveable/r" in message and "'act'" in message and "ctx.call('sdk')" in message
-    assert cause.path is not None and "reply" in cause.path
+    assert "unsaveable/r" in message
+    assert "'act'" in message
+    assert "ctx.call('sdk')" in message
+    assert cause.path is not None
+    assert "reply" in cause.path
     journal = header_of(wf.store, "unsaveable", "r").journal
     assert journal is None or journal["calls"] == 0
 
@@ -232,7 +237,8 @@ def test_in_doubt_raise_names_the_effect_and_resolve_settles_it(tmp_path: Path) 
         wf.run("r")
     with pytest.raises(ds.StepInDoubt) as info:
         wf.run("r")
-    assert info.value.effect == "refund" and info.value.key == fired[0]
+    assert info.value.effect == "refund"
+    assert info.value.key == fired[0]
     assert "effect 'refund'" in str(info.value)
     assert header_of(wf.store, "raise", "r").status == "in_doubt"
     assert len(fired) == 1
@@ -406,7 +412,9 @@ def test_a_custom_serializer_run_keeps_its_journal_in_format_1(tmp_path: Path) -
     with pytest.raises(Crash):
         wf.run("r")
     head = header_of(wf.store, "custom", "r")
-    assert head.format == 1 and head.journal is not None and len(head.journal["inline"]) == 1
+    assert head.format == 1
+    assert head.journal is not None
+    assert len(head.journal["inline"]) == 1
     assert wf.run("r") == {"a": "A"}
     assert made == ["a"]
 
@@ -444,7 +452,8 @@ def test_a_step_called_by_hand_runs_its_calls_directly() -> None:
     ctx = ds.Context("r", "wf", "act", 0, 1, "ds-key")
     assert ctx.call("x", lambda a: a + 1, 1) == 2
     key = ctx.effect("e", lambda idempotency_key: idempotency_key)
-    assert key.startswith("ds-") and len(key) <= 64
+    assert key.startswith("ds-")
+    assert len(key) <= 64
 
 
 def test_state_of_a_journaled_run_is_readable_by_the_test_tools(tmp_path: Path) -> None:
