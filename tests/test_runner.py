@@ -399,7 +399,7 @@ def test_resolve_without_doubt_is_an_error(store: ds.Store) -> None:
     with pytest.raises(ds.DurableStepsError, match="does not exist"):
         wf.resolve("r1", fired=True)
     wf.run("r1", {})
-    with pytest.raises(ds.DurableStepsError, match="no step in doubt"):
+    with pytest.raises(ds.DurableStepsError, match="no step or effect in doubt"):
         wf.resolve("r1", fired=True)
 
 
@@ -852,10 +852,9 @@ def test_bad_definitions_fail_when_decorated() -> None:
 
     with pytest.raises(ds.DefinitionError, match="generator"):
         ds.step(gen)
-    with pytest.raises(ds.DefinitionError, match="non-idempotent"):
-        ds.step(lambda s: True, name="r", reconcile=lambda s, c: True)
-    with pytest.raises(ds.DefinitionError, match="non-idempotent"):
-        ds.step(lambda s: None, name="r", in_doubt="raise")
+    # in_doubt= and reconcile= are allowed on idempotent steps: they decide the
+    # doubt of the step's effects (ctx.effect).
+    assert ds.step(lambda s, c: None, name="r", in_doubt="raise").in_doubt == "raise"
     with pytest.raises(ds.DefinitionError, match="in_doubt"):
         ds.step(lambda s: None, name="r", idempotent=False, in_doubt="maybe")  # type: ignore[arg-type]
     with pytest.raises(ds.DefinitionError, match="drop"):
