@@ -56,9 +56,10 @@ header says how to read the payload and where the run stands:
     :mod:`durable_steps._journal`): ``{"step", "iteration", "calls",
     "open"}`` and, in format 1 only, ``"inline"``. ``calls`` counts the
     results recorded; ``open`` lists the effects whose intent is recorded
-    and whose result is not, each ``{"name", "key", "at"}``, optionally
-    ``"resolution"``; ``inline`` holds format 1's results themselves
-    (format 2 keeps them as records of the tail). Cleared by the step's
+    and whose result is not, each ``{"name", "key", "at", "policy"}``
+    (the step's in-doubt policy), optionally ``"resolution"``; ``inline``
+    holds format 1's results themselves (format 2 keeps them as records of
+    the tail). Cleared by the step's
     commit. Optional when read: checkpoints written before journaled calls
     existed have no such field, and mean ``null``.
 ``error``
@@ -558,6 +559,7 @@ def _journal_problem(journal: object, version: int) -> str | None:  # noqa: PLR0
             and _is_key(entry.get("key"))
             and _is_time(entry.get("at"))
             and entry.get("resolution") in (None, "fired", "not_fired")
+            and entry.get("policy") in (None, "refire", "raise", "reconcile")
         ):
             return f"journal.open entry {_show(entry)} is not an effect intent"
     inline = journal.get("inline")

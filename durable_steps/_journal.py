@@ -101,10 +101,12 @@ class Journal:
     in this process (see the module docstring).
     """
 
-    def __init__(self, run: RunState, step: str, iteration: int) -> None:
+    def __init__(self, run: RunState, step: str, iteration: int, policy: str) -> None:
         self.run = run
         self.step = step
         self.iteration = iteration
+        self.policy = policy
+        """The step's in-doubt policy, recorded with each intent for the tools."""
         self.results: dict[str, _Result] = {}
         self.open: dict[str, dict[str, Any]] = {}
         """Effects whose intent is durable and whose result is not, by name."""
@@ -288,7 +290,8 @@ class Journal:
         else:
             key = ckpt.effect_key(run.header.run_nonce, self.iteration, self.step, name)
         self._event("call_started", name, key=key)
-        return key, _Change(name, intent={"name": name, "key": key, "at": round(time.time(), 3)})
+        intent = {"name": name, "key": key, "at": round(time.time(), 3), "policy": self.policy}
+        return key, _Change(name, intent=intent)
 
     def _finish(self, name: str, kind: Kind, key: str | None, result: Any) -> Any:
         record = self._encode(name, kind, key, result)

@@ -273,7 +273,8 @@ def _advance(run: RunState, step: Step[..., Any], index: int) -> Protocol[None]:
     if in_doubt:
         key = intent["key"]  # type: ignore[index]  # the persisted key wins over a re-derived one
     ctx = Context(run.run_id, run.plan.workflow, step.name, header.iteration, 1, key, in_doubt)
-    journal = Journal(run, step.name, header.iteration)
+    policy = "reconcile" if step.reconcile is not None else step.in_doubt
+    journal = Journal(run, step.name, header.iteration, policy)
     ctx._journal = journal
     run.mark = len(run.payload) if run.parts is not None else None
 
@@ -294,7 +295,7 @@ def _advance(run: RunState, step: Step[..., Any], index: int) -> Protocol[None]:
             "iteration": header.iteration,
             "key": key,
             "at": round(time.time(), 3),
-            "policy": "reconcile" if step.reconcile is not None else step.in_doubt,
+            "policy": policy,
         }
         yield from run.write(header.evolve(intent=intent, status="running"), step.name)
         if run.owner.remaining() < run.plan.lease / 3:

@@ -174,3 +174,58 @@ def test_payment_example_in_doubt_then_resolved(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr
     assert "charging" not in done.stdout
     assert "'receipt': 'sent'" in done.stdout
+
+
+TOOL_AGENT = EXAMPLES / "tool_agent.py"
+
+
+def test_the_tool_agent_killed_after_a_refund_pays_each_refund_once(tmp_path: Path) -> None:
+    """SIGKILL right after the 2nd refund: the rerun replays the model and refund 1,
+    re-sends refund 2 with its key (deduplicated), pays refund 3; the model is asked
+    once per turn, and `show` pointed at the cut-short turn lists its journal.
+    """
+    env = {
+        **os.environ,
+        "PAYMENTS_LEDGER": str(tmp_path / "payments.json"),
+        "MODEL_LOG": str(tmp_path / "model.log"),
+    }
+    store = str(tmp_path / "runs")
+
+    def agent(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, str(TOOL_AGENT), "--store", store, *args],
+            cwd=tmp_path,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+
+    killed = agent("--crash-after-refund", "2")
+    assert killed.returncode == KILLED, killed.stderr
+    keys = KEY.findall(killed.stdout)
+    assert len(keys) == 2
+    show = subprocess.run(
+        [sys.executable, "-m", "durable_steps", "--store", store, "show", "tool-agent/ticket-4411"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert "in-doubt" in show.stdout
+    assert "2 calls recorded" in show.stdout
+    assert f"effect 'tool:call_2'  in doubt (it may have fired), idempotency key {keys[1]}" in (
+        show.stdout
+    )
+    assert "fires it again with the same key" in show.stdout  # the policy is recorded
+    resumed = agent()
+    assert resumed.returncode == 0, resumed.stderr
+    assert "refund re_1" not in resumed.stdout  # replayed, not sent again
+    assert f"refund re_2 for A-2 (key {keys[1]})" in resumed.stdout
+    assert "done: 6 messages; 3 refunds in the ledger (4 requests)" in resumed.stdout
+    assert (tmp_path / "model.log").read_text().split() == ["1", "5"]
+    again = agent()
+    assert "3 refunds in the ledger (4 requests)" in again.stdout
+    assert (tmp_path / "model.log").read_text().split() == ["1", "5"]

@@ -133,7 +133,13 @@ def _effect_intent(header: ckpt.Checkpoint) -> dict[str, Any] | None:
     effects = open_effects(header.journal)
     if not effects or header.journal is None:
         return None
-    return {"step": header.journal["step"], "effect": effects[0]["name"], "key": effects[0]["key"]}
+    first = effects[0]
+    return {
+        "step": header.journal["step"],
+        "effect": first["name"],
+        "key": first["key"],
+        "policy": first.get("policy"),
+    }
 
 
 def _crashed_hint(header: ckpt.Checkpoint, intent: dict[str, Any], resume: str) -> str:
