@@ -33,7 +33,8 @@ header says how to read the payload and where the run stands:
     The payload's serializer name (``json``, ``pickle``,
     ``pickle+hmac-sha256``).
 ``status``
-    ``running``, ``failed`` (a step used up its retries; see ``error``),
+    ``running``, ``waiting`` (suspended until a time or a signal, see
+    ``wait``; no process holds it), ``failed`` (a step used up its retries; see ``error``),
     ``in_doubt`` (a step with ``in_doubt="raise"`` stopped the run; see
     ``intent``), ``completed`` (the terminal marker: the payload is the
     final state and a rerun runs nothing) or ``deleted`` (a *tombstone*: the
@@ -62,6 +63,13 @@ header says how to read the payload and where the run stands:
     the tail). Cleared by the step's
     commit. Optional when read: checkpoints written before journaled calls
     existed have no such field, and mean ``null``.
+``wait``
+    ``null``, or what a ``waiting`` run waits for: ``{"step", "iteration",
+    "until", "signal", "since"}`` (``until`` epoch seconds or null,
+    ``signal`` a signal name or null). Set with status ``waiting`` by a
+    step that suspended (``ctx.sleep``, ``ctx.wait_for``); cleared by the
+    first write of the run once it goes on. Optional when read, like
+    ``journal``.
 ``error``
     ``null``, or the last failure: ``{"step", "iteration", "type",
     "message", "attempts", "at"}``. Cleared by the next commit.
@@ -141,8 +149,8 @@ __all__ = [
 FORMAT = 2
 """The format new runs are written in; a run keeps the format it was created in."""
 HISTORY_LIMIT = 10
-Status = Literal["running", "failed", "in_doubt", "completed", "deleted"]
-_STATUSES = ("running", "failed", "in_doubt", "completed", "deleted")
+Status = Literal["running", "waiting", "failed", "in_doubt", "completed", "deleted"]
+_STATUSES = ("running", "waiting", "failed", "in_doubt", "completed", "deleted")
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._@=+:-]{0,199}")
 CHECKPOINT_OBJECT = "checkpoint"
 
@@ -214,6 +222,7 @@ class Checkpoint:
     next_step: int = 0
     intent: dict[str, Any] | None = None
     journal: dict[str, Any] | None = None
+    wait: dict[str, Any] | None = None
     error: dict[str, Any] | None = None
     history: tuple[tuple[Any, ...], ...] = ()
     committed: int = 0
@@ -386,7 +395,7 @@ def _deeper_than(value: object, limit: int) -> bool:
     return False
 
 
-_OPTIONAL = {"journal": None}
+_OPTIONAL = {"journal": None, "wait": None}
 """Fields added after checkpoints were first written: missing means this value."""
 _REQUIRED = (
     *(f.name for f in fields(Checkpoint) if f.name not in ("format", "parts", *_OPTIONAL)),
@@ -536,6 +545,8 @@ def _field_problem(h: Checkpoint) -> str | None:  # noqa: PLR0911 - a return per
         value = getattr(h, name)
         if not _is_time(value):
             return f"{name} is {_show(value)}, not a time"
+    if h.status == "waiting" and h.wait is None:
+        return "status waiting without a wait"
     return _record_problem(h) or _journal_problem(h.journal, h.format)
 
 
@@ -569,7 +580,7 @@ def _journal_problem(journal: object, version: int) -> str | None:  # noqa: PLR0
             isinstance(e, list)
             and len(e) == 4
             and isinstance(e[0], str)
-            and e[1] in ("call", "effect")
+            and e[1] in ("call", "effect", "sleep", "signal")
             and (e[2] is None or _is_key(e[2]))
             and isinstance(e[3], str)
             for e in inline
@@ -665,6 +676,13 @@ _SHAPES: dict[str, dict[str, tuple[Callable[[object], bool], bool]]] = {
         "at": (_is_time, _REQUIRED_KEY),
         "resolution": (_one_of("fired", "not_fired"), _OPTIONAL_KEY),
         "policy": (_one_of("refire", "raise", "reconcile"), _OPTIONAL_KEY),
+    },
+    "wait": {
+        "step": (_is_str, _REQUIRED_KEY),
+        "iteration": (_is_count, _REQUIRED_KEY),
+        "until": (_or_null(_is_time), _REQUIRED_KEY),
+        "signal": (_or_null(_is_str), _REQUIRED_KEY),
+        "since": (_is_time, _REQUIRED_KEY),
     },
     "error": {
         "step": (_is_str, _REQUIRED_KEY),

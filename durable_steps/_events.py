@@ -32,6 +32,9 @@ EventKind = Literal[
     "call_recorded",  # its result was written to the checkpoint
     "call_replayed",  # its recorded result was returned without calling the function
     "effect_in_doubt",  # an effect's intent without a result was found
+    "run_suspended",  # a step waits (ctx.sleep, ctx.wait_for): status waiting, lease released
+    "signal_received",  # ctx.wait_for found its signal and recorded the payload
+    "run_woken",  # a waiting run's time came or its signal arrived, and it goes on
     "run_completed",  # the terminal marker was written
 ]
 
@@ -66,7 +69,14 @@ def emit(subscribers: Sequence[Subscriber], event: Event) -> None:
             logger.exception("event subscriber %r failed on %s; ignored", subscriber, event.kind)
 
 
-_LOGGED = ("step_committed", "run_resumed", "step_in_doubt", "effect_in_doubt")
+_LOGGED = (
+    "step_committed",
+    "run_resumed",
+    "step_in_doubt",
+    "effect_in_doubt",
+    "run_suspended",
+    "run_woken",
+)
 """What Progress prints a line for when it is not on a terminal."""
 
 
@@ -106,10 +116,13 @@ class Progress:
             "call_recorded": f"{run}: {where} · {event.call} recorded",
             "call_replayed": f"{run}: {where} · {event.call} replayed",
             "effect_in_doubt": f"{run}: {where} · {event.call} may have fired before a crash",
+            "run_suspended": f"{run}: {where} waiting",
+            "signal_received": f"{run}: {where} · {event.call} received",
+            "run_woken": f"{run}: woken at {where}",
             "run_completed": f"{run}: completed",
         }[event.kind]
         line = f"{text} · {self._commits} steps · {elapsed:.1f}s"
-        final = event.kind in ("run_completed", "step_failed")
+        final = event.kind in ("run_completed", "step_failed", "run_suspended")
         if self.tty:
             pad = " " * max(self._width - len(line), 0)
             self._width = 0 if final else len(line)

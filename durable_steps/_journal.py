@@ -60,16 +60,23 @@ from typing import TYPE_CHECKING, Any, Literal
 from . import _checkpoint as ckpt
 from . import _format2 as f2
 from ._drivers import drive_sync
-from .errors import CheckpointConflict, CorruptCheckpoint, DefinitionError, SerializationError
+from .errors import (
+    CheckpointConflict,
+    CorruptCheckpoint,
+    DefinitionError,
+    SerializationError,
+    SignalTimeout,
+)
 from .serializers import check_json
 
 if TYPE_CHECKING:
     from ._run import RunState
 
-__all__ = ["Journal"]
+__all__ = ["Journal", "Suspend"]
 
 logger = logging.getLogger("durable_steps")
-Kind = Literal["call", "effect"]
+Kind = Literal["call", "effect", "sleep", "signal"]
+"""``sleep``: a wake time or a signal's deadline; ``signal``: a received payload."""
 MAX_NAME = 200
 
 
@@ -96,6 +103,19 @@ class _Change:
 _MISS = object()
 
 
+class Suspend(BaseException):
+    """Raised inside a step to suspend the run (``ctx.sleep``, ``ctx.wait_for``).
+
+    A BaseException, so that a step's ``except Exception`` cannot swallow
+    it; the runner turns it into status ``waiting`` and ``RunSuspended``.
+    """
+
+    def __init__(self, until: float | None, signal: str | None) -> None:
+        super().__init__(until, signal)
+        self.until = until
+        self.signal = signal
+
+
 class Journal:
     """The journal of one step of one pass, shared by every attempt of it
     in this process (see the module docstring).
@@ -116,6 +136,8 @@ class Journal:
         """Effects whose ``fn`` raised in this process: a retry re-fires them
         with the same key without calling that doubt."""
         self.attempt = 1
+        self.sleeps = 0
+        """``ctx.sleep`` calls so far in this attempt (they are named by order)."""
         self.closed = False
         self.lost = False
         self._cond = threading.Condition()
@@ -160,6 +182,63 @@ class Journal:
         with self._cond:
             self.used.clear()
             self.attempt = attempt
+            self.sleeps = 0
+
+    def remember(self, name: str, kind: Kind, make: Callable[[], Any]) -> Any:
+        """``make()`` once, recorded under ``name``: a wake time, a deadline."""
+        hit = self._begin(name, kind)
+        if hit is not _MISS:
+            return hit
+        return self._finish(name, kind, None, make())
+
+    def sleep_until(self, wake: Callable[[], float]) -> None:
+        """``ctx.sleep``/``sleep_until``: suspend until the recorded wake time."""
+        with self._cond:
+            self.sleeps += 1
+            name = f"sleep#{self.sleeps}"
+        until = float(self.remember(name, "sleep", wake))
+        if time.time() < until:
+            raise Suspend(until, None)
+
+    def wait_for(self, name: str, timeout: float | None) -> Any:
+        """``ctx.wait_for``: the signal's payload, recorded; or suspend until it comes."""
+        from . import _signals
+
+        run = self.run
+        try:
+            ckpt.validate_name(name, "signal name")
+        except DefinitionError:
+            raise DefinitionError(
+                f"run {run.name}: step {self.step!r}: ctx.wait_for({name!r}): a signal name "
+                "is 1-200 characters from letters, digits and '._@=+:-', starting with a "
+                "letter or digit",
+                run=run.name,
+                step=self.step,
+            ) from None
+        entry = f"signal:{name}"
+        hit = self._begin(entry, "signal")
+        if hit is not _MISS:
+            return hit
+        deadline = None
+        if timeout is not None:
+            deadline = float(
+                self.remember(f"deadline:{name}", "sleep", lambda: time.time() + timeout)
+            )
+        workflow, run_id = run.plan.workflow, run.run_id
+        found = run.plan.store.get(_signals.signal_key(workflow, run_id, name))
+        if found is not None:
+            payload = _signals.decode(found[0], workflow, run_id, name, run.signer)
+            self._event("signal_received", entry)
+            return self._finish(entry, "signal", None, payload)
+        if deadline is not None and time.time() >= deadline:
+            raise SignalTimeout(
+                f"run {run.name}: step {self.step!r}: signal {name!r} did not come within "
+                f"{timeout:g}s",
+                run=run.name,
+                step=self.step,
+                signal=name,
+            )
+        raise Suspend(deadline, name)
 
     def call(self, name: str, fn: Callable[..., Any], args: Any, kwargs: Any) -> Any:
         """``ctx.call``: ``fn(*args, **kwargs)`` once, its result recorded."""
@@ -455,3 +534,37 @@ def _sync_result(result: Any, name: str, kind: str) -> Any:
 
 async def _awaited(result: Awaitable[Any] | Any) -> Any:
     return (await result) if inspect.isawaitable(result) else result
+
+
+def record_resolved(
+    header: ckpt.Checkpoint, payload: bytes, serializer: Any, value: Any
+) -> tuple[ckpt.Checkpoint, bytes]:
+    """``header`` and ``payload`` with the run's one effect in doubt recorded as
+    having returned ``value`` (``resolve(fired=True, result=...)``): the re-run
+    step gets ``value`` from its ``ctx.effect``, as if the effect had returned it.
+    """
+    journal = header.journal
+    opened = [e for e in (journal or {}).get("open", ()) if "resolution" not in e]
+    if journal is None or len(opened) != 1:
+        names = ", ".join(repr(e["name"]) for e in opened) or "none"
+        raise DefinitionError(
+            f"run {header.run}: a result can be recorded for exactly one effect in doubt; "
+            f"this run has {len(opened)} ({names}). Resolve without a result, or one at a time.",
+            run=header.run,
+        )
+    effect = opened[0]
+    name, key = effect["name"], effect["key"]
+    path = f"the result given for effect {name!r}"
+    rest = [e for e in journal["open"] if e is not effect]
+    field = {**journal, "open": rest, "calls": journal["calls"] + 1}
+    if header.format == 1:
+        if serializer.name.startswith("json"):
+            check_json(value, path)
+        blob = base64.b64encode(serializer.dumps(value)).decode()
+        field["inline"] = [*journal["inline"], [name, "effect", key, blob]]
+    else:
+        finder = f2.Parts(serializer, header.workflow, header.run_id, None).finder
+        meta = [journal["step"], journal["iteration"], name, "effect", key]
+        record = finder.journal_record(meta, value, path)
+        payload = b"".join((payload, *f2.frame(record)))
+    return header.replace(journal=field), payload

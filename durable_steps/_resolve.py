@@ -2,17 +2,22 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from . import _checkpoint as ckpt
+from ._journal import record_resolved
 from ._lease import describe, is_live
 from ._run import store_skew
-from .errors import CheckpointConflict, DurableStepsError, RunLocked
+from .errors import CheckpointConflict, DefinitionError, DurableStepsError, RunLocked
 
 if TYPE_CHECKING:
+    from .serializers import Serializer
     from .stores import Store
 
-__all__ = ["resolve"]
+NO_RESULT: Any = object()
+"""``resolve``'s default: no result given (None is a result)."""
+
+__all__ = ["NO_RESULT", "resolve"]
 
 
 def resolve(
@@ -23,12 +28,21 @@ def resolve(
     fired: bool,
     force: bool = False,
     signer: ckpt.Signer | None = None,
+    result: Any = NO_RESULT,
+    serializer: Serializer | None = None,
 ) -> None:
     """Record what happened to a run's in-doubt step (see ``Workflow.resolve``).
 
     A signed run is verified and re-signed with ``signer``; without one it is
-    refused, since the rewritten header could not be signed.
+    refused, since the rewritten header could not be signed. ``result``
+    (with ``fired=True``) is what the one effect in doubt returned, recorded
+    with ``serializer`` (the run's).
     """
+    if result is not NO_RESULT and not fired:
+        raise DefinitionError(
+            f"run {workflow}/{run_id}: result= says what a fired effect returned; it cannot "
+            "go with fired=False (the effect fires again and returns its own result)"
+        )
     name = f"{workflow}/{run_id}"
     key = ckpt.checkpoint_key(workflow, run_id)
     found = store.get(key)
@@ -70,8 +84,18 @@ def resolve(
             e if "resolution" in e else {**e, "resolution": resolution} for e in journal["open"]
         ]
         changes["journal"] = {**journal, "open": opened}
+    resolved = header.evolve(**changes)
+    if result is not NO_RESULT:
+        if serializer is None or serializer.name != header.serializer:
+            raise DefinitionError(
+                f"run {name}: recording a result needs the run's serializer {header.serializer!r}",
+                run=name,
+            )
+        resolved, payload = record_resolved(
+            resolved.replace(journal=journal), payload, serializer, result
+        )
     try:
-        store.put(key, ckpt.encode(header.evolve(**changes), payload, signer), match=found[1])
+        store.put(key, ckpt.encode(resolved, payload, signer), match=found[1])
     except CheckpointConflict as exc:
         raise CheckpointConflict(
             f"run {name} changed while it was being resolved (is it running?); "

@@ -19,6 +19,7 @@ from . import _format2 as f2
 from ._drivers import Delete, Get, ListKeys, Protocol, Put, drive_sync
 from ._events import Event, EventKind, Subscriber, emit, logger
 from ._lease import Heartbeat, Owner, describe
+from ._signals import signals_prefix
 from ._step import Step
 from .errors import CheckpointConflict, CorruptCheckpoint, SerializationError, StoreError
 from .serializers import SignedSerializer
@@ -181,11 +182,12 @@ class RunState:
                 logger.info("run %s: could not delete an old part (%s)", self.name, exc)
 
     def clear_parts(self) -> Protocol[None]:
-        """Delete everything under the run's ``parts/`` (after its tombstone)."""
-        prefix = f2.parts_prefix(self.plan.workflow, self.run_id)
+        """Delete everything under the run's ``parts/`` and ``signals/`` (after its tombstone)."""
+        workflow, run_id = self.plan.workflow, self.run_id
         try:
-            for key in (yield ListKeys(prefix)):
-                yield Delete(key, None)
+            for prefix in (f2.parts_prefix(workflow, run_id), signals_prefix(workflow, run_id)):
+                for key in (yield ListKeys(prefix)):
+                    yield Delete(key, None)
         except StoreError as exc:
             logger.warning(
                 "run %s: could not delete its parts (%s); rm removes them", self.name, exc

@@ -40,9 +40,10 @@ from . import _checkpoint as ckpt
 from . import _format2 as f2
 from ._drivers import AwaitableInSyncRun, Call, Get, Protocol, Sleep
 from ._events import logger
-from ._journal import Journal
+from ._journal import Journal, Suspend
 from ._lease import Heartbeat, describe, judge
 from ._run import Plan, Released, RunState, store_skew
+from ._signals import signal_key
 from ._step import Context, Step
 from .errors import (
     CheckpointConflict,
@@ -50,6 +51,7 @@ from .errors import (
     DefinitionError,
     DurableStepsError,
     RunLocked,
+    RunSuspended,
     SerializationError,
     StepFailed,
     StepInDoubt,
@@ -91,6 +93,8 @@ def execute(plan: Plan, run_id: str, initial: Any, *, create: bool = True) -> Pr
                 if plan.on_complete == "delete":  # a crash came between commit and tombstone
                     yield from _tombstone(run)
                 return run.state
+            if run.header.status == "waiting":
+                yield from _wake(run)
             if claim:
                 # An explicit claim before any step (or reconcile) runs: from
                 # here on a process that held the run is fenced off by the
@@ -172,7 +176,7 @@ def _load(run: RunState, data: bytes, version: str) -> Protocol[bool]:
             run=run.name,
         )
     header = run.header
-    if header.status not in ("completed", "deleted"):
+    if header.status not in ("completed", "deleted", "waiting"):  # a waiting one: _wake says
         step = run.plan.steps[header.next_step].name
         logger.info(
             "run %s resumed at step %r (iteration %d) after %d committed steps",
@@ -311,14 +315,7 @@ def _advance(run: RunState, step: Step[..., Any], index: int) -> Protocol[None]:
         yield from _settle_effects(run, step, ctx, doubtful)
 
     started = time.monotonic()
-    heartbeat = run.heartbeat()
-    try:
-        attempts, failure = yield from _fire(run, step, ctx, heartbeat)
-    finally:
-        heartbeat.stop()
-        journal.close()
-    if heartbeat.lost or journal.lost:  # taken over while the step ran: say so first
-        raise run.conflict(step.name)
+    attempts, failure = yield from _attempts(run, step, ctx, journal)
     if isinstance(failure, AwaitableInSyncRun):  # it never ran: withdraw our intent
         if not step.idempotent:  # back to the header before it (an earlier crash's intent stays)
             yield from run.write(header, step.name, release=True)
@@ -331,6 +328,94 @@ def _advance(run: RunState, step: Step[..., Any], index: int) -> Protocol[None]:
     if failure is not None:
         yield from _give_up(run, step, ctx, failure)
     yield from _commit(run, step, ctx, attempts, time.monotonic() - started)
+
+
+def _attempts(
+    run: RunState, step: Step[..., Any], ctx: Context, journal: Journal
+) -> Protocol[tuple[int, Exception | None]]:
+    """Fire the step (retries included) under a heartbeat; see :func:`_fire`.
+
+    A step that waits (``ctx.sleep``, ``ctx.wait_for``) stops at the wait
+    with ``Suspend``: the run is recorded as waiting and RunSuspended raised.
+    """
+    heartbeat = run.heartbeat()
+    suspended: Suspend | None = None
+    try:
+        attempts, failure = yield from _fire(run, step, ctx, heartbeat)
+    except Suspend as wait:
+        suspended = wait
+    finally:
+        heartbeat.stop()
+        journal.close()
+    if heartbeat.lost or journal.lost:  # taken over while the step ran: say so first
+        raise run.conflict(step.name)
+    if suspended is not None:
+        yield from _suspend(run, step, ctx, suspended)
+    return attempts, failure
+
+
+def _suspend(run: RunState, step: Step[..., Any], ctx: Context, wait: Suspend) -> Protocol[None]:
+    """Record that the run waits, release it, and raise RunSuspended."""
+    record = {
+        "step": step.name,
+        "iteration": ctx.iteration,
+        "until": wait.until,
+        "signal": wait.signal,
+        "since": round(time.time(), 3),
+    }
+    yield from run.write(run.header.evolve(status="waiting", wait=record), step.name, release=True)
+    logger.info("run %s: step %r waits for %s", run.name, step.name, _waits_for(record))
+    run.event("run_suspended", step=step.name, iteration=ctx.iteration)
+    raise _suspended(run, record)
+
+
+def _wake(run: RunState) -> Protocol[None]:
+    """A waiting run goes on if its time is due or its signal exists; else RunSuspended."""
+    wait = run.header.wait
+    assert wait is not None
+    due = wait["until"] is not None and time.time() >= wait["until"]
+    if not due and wait["signal"] is not None:
+        got = yield Get(signal_key(run.plan.workflow, run.run_id, wait["signal"]))
+        due = got is not None
+    if not due:
+        raise _suspended(run, wait)
+    # Every write from here on says "running" and carries no wait (the first one
+    # claims the run, as any resume's does).
+    run.header = run.header.replace(status="running", wait=None)
+    logger.info("run %s woken at step %r (%s)", run.name, wait["step"], _waits_for(wait))
+    run.event("run_woken", step=wait["step"], iteration=wait["iteration"])
+    run.event("run_resumed", step=wait["step"], iteration=wait["iteration"])
+
+
+def _waits_for(wait: dict[str, Any]) -> str:
+    """``signal 'approval'``, ``until 14:05:00``, or both."""
+    parts = []
+    if wait["signal"] is not None:
+        parts.append(f"signal {wait['signal']!r}")
+    if wait["until"] is not None:
+        when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(wait["until"]))
+        parts.append(f"{'a timeout at' if parts else 'until'} {when}")
+    return ", or ".join(parts)  # "signal 'approval', or a timeout at ..."
+
+
+def _suspended(run: RunState, wait: dict[str, Any]) -> RunSuspended:
+    """The RunSuspended of a run that waits as ``wait`` says, with what unblocks it."""
+    signal = wait["signal"]
+    how = "Run it again then"
+    if signal is not None:
+        how = (
+            f"Send the signal with wf.signal({run.run_id!r}, {signal!r}, payload) or "
+            f"`durable-steps signal {run.name} {signal} --data JSON`, then run it again"
+        )
+    return RunSuspended(
+        f"run {run.name} is waiting at step {wait['step']!r} for {_waits_for(wait)}. {how} "
+        "(or let `durable-steps worker` resume it, or pass wait=True to block until it "
+        "can go on).",
+        run=run.name,
+        step=wait["step"],
+        until=wait["until"],
+        signal=signal,
+    )
 
 
 def _call_owned(run: RunState, step: Step[..., Any], call: Call) -> Protocol[Any]:

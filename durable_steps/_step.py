@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import functools
 import inspect
+import math
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import TYPE_CHECKING, Any, Generic, Literal, ParamSpec, TypeVar, overload
 
 import tenacity
@@ -140,6 +143,52 @@ class Context:
             return fn(*args, idempotency_key=key, **kwargs)
         return self._journal.effect(name, fn, args, kwargs)  # type: ignore[no-any-return]
 
+    def sleep(self, seconds: float) -> None:
+        """Suspend the run for ``seconds``, durably: no process waits meanwhile.
+
+        The wake time is recorded in the step's journal the first time; until
+        it is due the run is *waiting* (``wf.run`` raises
+        :class:`~durable_steps.RunSuspended`, its lease is released). After
+        it, the step runs again from its start, its finished calls replay,
+        and this ``sleep`` returns at once.
+        """
+        _seconds(seconds, "ctx.sleep")
+        self._sleep_until(lambda: time.time() + seconds)
+
+    def sleep_until(self, when: datetime | float) -> None:
+        """Suspend the run until ``when`` (a ``datetime``, naive meaning local
+        time, or epoch seconds); see :meth:`sleep`.
+        """
+        at = when.timestamp() if isinstance(when, datetime) else when
+        _seconds(at, "ctx.sleep_until")
+        self._sleep_until(lambda: float(at))
+
+    def _sleep_until(self, wake: Callable[[], float]) -> None:
+        # The wake time is ``wake()`` as it was when first asked (recorded).
+        if self._journal is None:  # a step called by hand: nothing to suspend
+            return
+        self._journal.sleep_until(wake)
+
+    def wait_for(self, name: str, timeout: float | None = None) -> Any:
+        """Suspend the run until signal ``name`` arrives; return its payload (JSON).
+
+        Send it with ``wf.signal(run_id, name, payload)`` or ``durable-steps
+        signal``; one sent before the run waits is kept and used at once. The
+        payload is recorded in the step's journal, so a re-run of the step
+        gets the same one. With ``timeout`` (seconds, counted from the first
+        wait) :class:`~durable_steps.SignalTimeout` is raised here once it
+        passed without the signal. A name is delivered once per run: waits in
+        a loop put the pass in it (``f"approval:{ctx.iteration}"``).
+        """
+        if timeout is not None:
+            _seconds(timeout, "ctx.wait_for(timeout=)")
+        if self._journal is None:
+            raise DefinitionError(
+                f"ctx.wait_for({name!r}) needs a running workflow: a hand-made Context has "
+                "no run to wait in. Unit-test the step's logic around the wait instead."
+            )
+        return self._journal.wait_for(name, timeout)
+
     async def acall(
         self, name: str, fn: Callable[P, Awaitable[R]], /, *args: P.args, **kwargs: P.kwargs
     ) -> R:
@@ -261,6 +310,12 @@ class Step(Generic[P, R]):
     def __repr__(self) -> str:
         kind = "idempotent" if self.idempotent else "non-idempotent"
         return f"<Step {self.name!r} ({kind})>"
+
+
+def _seconds(value: object, what: str) -> None:
+    """Refuse a time that is not a finite number (a string, NaN, None)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise DefinitionError(f"{what}: expected a finite number of seconds, not {value!r}")
 
 
 def _a(kind: type) -> str:

@@ -8,13 +8,13 @@ import threading
 from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any, Literal, ParamSpec, TypeVar, overload
 
-from . import _resolve, _runner
+from . import _resolve, _runner, _signals
 from ._checkpoint import validate_name
 from ._drivers import drive_async, drive_sync
 from ._events import Subscriber
 from ._run import Plan
 from ._step import InDoubt, Retry, Step, callable_with, is_async_callable
-from .errors import DefinitionError
+from .errors import DefinitionError, RunSuspended
 from .serializers import Serializer, SignedSerializer, resolve_serializer
 from .stores import STORE_ENV, open_store
 
@@ -186,7 +186,9 @@ class Workflow:
             self._implicit_store,
         )
 
-    def run(self, run_id: str, state: Any = None, *, takeover: bool = False) -> Any:
+    def run(
+        self, run_id: str, state: Any = None, *, takeover: bool = False, wait: bool = False
+    ) -> Any:
         """Run ``run_id`` to completion and return its final state.
 
         A new run starts from ``state`` (``{}`` when ``None``); an unfinished
@@ -198,16 +200,49 @@ class Workflow:
         once on the same host, and elsewhere when its lease ends;
         ``takeover=True`` takes the run anyway (the other process, if alive,
         is then fenced off at its next write).
-        """
-        plan = self._plan(run_id, asynchronous=False, takeover=takeover)
-        return drive_sync(_runner.execute(plan, run_id, state), self.store)
 
-    async def arun(self, run_id: str, state: Any = None, *, takeover: bool = False) -> Any:
+        A step that waits (``ctx.sleep``, ``ctx.wait_for``) suspends the run:
+        :class:`~durable_steps.RunSuspended` is raised, and nothing holds the
+        run until it is run again. ``wait=True`` instead blocks here until
+        the time is due or the signal has come (polling the signal's key,
+        after 0.5 s then backing off to once per 30 s), and goes on.
+        """
+        while True:
+            plan = self._plan(run_id, asynchronous=False, takeover=takeover)
+            try:
+                return drive_sync(_runner.execute(plan, run_id, state), self.store)
+            except RunSuspended as waiting:
+                if not wait:
+                    raise
+                _signals.await_wake(self.store, self.name, run_id, waiting)
+
+    async def arun(
+        self, run_id: str, state: Any = None, *, takeover: bool = False, wait: bool = False
+    ) -> Any:
         """:meth:`run` under asyncio: ``async def`` steps are awaited, sync
         steps run on the event loop, store calls run in a worker thread.
         """
-        plan = self._plan(run_id, asynchronous=True, takeover=takeover)
-        return await drive_async(_runner.execute(plan, run_id, state), self.store)
+        while True:
+            plan = self._plan(run_id, asynchronous=True, takeover=takeover)
+            try:
+                return await drive_async(_runner.execute(plan, run_id, state), self.store)
+            except RunSuspended as waiting:
+                if not wait:
+                    raise
+                await _signals.await_wake_async(self.store, self.name, run_id, waiting)
+
+    def signal(self, run_id: str, name: str, payload: Any = None) -> bool:
+        """Send signal ``name`` with a JSON ``payload`` to run ``run_id``.
+
+        A create-only object beside the run's checkpoint — never a write to
+        the checkpoint itself, so it cannot conflict with the run's owner.
+        ``ctx.wait_for(name)`` returns the payload; a signal sent before the
+        run waits for it is kept. False if ``name`` was already sent to this
+        run (a name is delivered once). Refused when the run does not exist or
+        has finished, or the payload is not JSON or over 256 KB.
+        """
+        signer = self.serializer if isinstance(self.serializer, SignedSerializer) else None
+        return _signals.send(self.store, self.name, run_id, name, payload, signer)
 
     def submit(self, run_id: str, state: Any = None) -> bool:
         """Create run ``run_id`` from ``state`` without running it.
@@ -218,13 +253,18 @@ class Workflow:
         plan = self._plan(run_id, asynchronous=True)
         return drive_sync(_runner.submit(plan, run_id, state), self.store)
 
-    def resolve(self, run_id: str, *, fired: bool, force: bool = False) -> None:
-        """Tell an in-doubt run whether its pending step's effect happened.
+    def resolve(
+        self, run_id: str, *, fired: bool, force: bool = False, result: Any = _resolve.NO_RESULT
+    ) -> None:
+        """Tell an in-doubt run whether its pending step's (or effect's) effect happened.
 
         ``fired=True``: the next run counts the step as done (without
-        calling it) and goes on. ``fired=False``: the next run fires it again
-        with the same idempotency key. The run itself is not started here.
-        A run that a live process owns raises :class:`~durable_steps.RunLocked`
+        calling it) and goes on; an effect in doubt (``ctx.effect``) is not
+        fired again, and its ``ctx.effect`` returns ``result`` (``None`` if
+        not given: give the value the effect returned, so the transcript gets
+        the tool's result). ``fired=False``: the next run fires it again with
+        the same idempotency key. The run itself is not started here. A run
+        that a live process owns raises :class:`~durable_steps.RunLocked`
         (its step may be firing right now); ``force=True`` overrides.
         """
         signer = self.serializer if isinstance(self.serializer, SignedSerializer) else None
@@ -235,6 +275,8 @@ class Workflow:
             fired=fired,
             force=force,
             signer=signer,
+            result=result,
+            serializer=self.serializer,
         )
 
     def __repr__(self) -> str:

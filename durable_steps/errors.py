@@ -32,7 +32,9 @@ __all__ = [
     "DefinitionError",
     "DurableStepsError",
     "RunLocked",
+    "RunSuspended",
     "SerializationError",
+    "SignalTimeout",
     "StepFailed",
     "StepInDoubt",
     "StoreError",
@@ -189,3 +191,52 @@ class ConditionalWritesUnsupported(StoreError):
 
 class DefinitionError(DurableStepsError, ValueError):
     """A step or workflow is defined wrongly (raised at definition time)."""
+
+
+class RunSuspended(DurableStepsError):
+    """The run waits: for a time (``until``, epoch seconds), a signal (``signal``), or both.
+
+    Raised by ``wf.run``/``wf.arun`` when a step called ``ctx.sleep``,
+    ``ctx.sleep_until`` or ``ctx.wait_for`` and the time is not due or the
+    signal has not arrived. Nothing is lost and no process holds the run:
+    its checkpoint says ``waiting``, its lease is released. Run it again
+    after the time, or once ``wf.signal(run_id, name)`` was sent (a worker
+    does this by itself), or pass ``wait=True`` to block until then.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        run: str | None = None,
+        step: str | None = None,
+        until: float | None = None,
+        signal: str | None = None,
+    ) -> None:
+        super().__init__(message, run=run, step=step)
+        self.until = until
+        self.signal = signal
+
+    def _fields(self) -> dict[str, Any]:
+        return {**super()._fields(), "until": self.until, "signal": self.signal}
+
+
+class SignalTimeout(DurableStepsError):
+    """Raised inside a step by ``ctx.wait_for(name, timeout=...)`` once the
+    timeout has passed without the signal. Catch it to go on without it; left
+    uncaught it fails the step like any error.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        run: str | None = None,
+        step: str | None = None,
+        signal: str | None = None,
+    ) -> None:
+        super().__init__(message, run=run, step=step)
+        self.signal = signal
+
+    def _fields(self) -> dict[str, Any]:
+        return {**super()._fields(), "signal": self.signal}

@@ -46,6 +46,7 @@ from .errors import (
     DefinitionError,
     DurableStepsError,
     RunLocked,
+    RunSuspended,
     StepFailed,
     StepInDoubt,
     StoreError,
@@ -53,6 +54,7 @@ from .errors import (
 
 if TYPE_CHECKING:
     from ._workflow import Workflow
+    from .stores import ObjectInfo
 
 __all__ = ["Worker", "WorkerReport"]
 
@@ -68,6 +70,9 @@ class WorkerReport:
     """Runs waiting for ``durable-steps resolve``."""
     released: list[str] = field(default_factory=list)
     """Runs handed back unfinished because the worker was stopped."""
+    waiting: list[str] = field(default_factory=list)
+    """Runs that went on until a step waits (``ctx.sleep``, ``ctx.wait_for``):
+    a later scan resumes each when its time is due or its signal arrives."""
     lost: list[str] = field(default_factory=list)
     """Runs another worker claimed first (or took over)."""
     errors: list[str] = field(default_factory=list)
@@ -80,6 +85,13 @@ class _Seen:
     status: str
     owner: dict[str, Any] | None
     updated_at: float | None = None
+    wait: dict[str, Any] | None = None
+
+    def due(self, now: float, signals: set[str]) -> bool:
+        """Whether a waiting run can go on: its time came, or its signal is listed."""
+        wait = self.wait or {}
+        until, signal = wait.get("until"), wait.get("signal")
+        return (until is not None and now >= until) or (signal is not None and signal in signals)
 
 
 class Worker:
@@ -171,18 +183,19 @@ class Worker:
 
         One LIST; a GET only for a run whose version changed since this
         worker last read it, and none once ``limit`` runs are found (the rest
-        are read by a later scan).
+        are read by a later scan). A waiting run is ready when its time is
+        due or its signal is among the listed objects: no GET for that either.
         """
         now = time.time()
         skew = store_skew(self.workflow.store)
         lease = self.workflow.lease
         found: list[str] = []
-        listed: set[str] = set()
         try:
-            for info in self.workflow.store.list(self._prefix):
+            # The whole listing first: a run's signals sort after its checkpoint.
+            infos, signals = self._listing()
+            for info in infos:
                 if limit is not None and len(found) >= limit:
                     break
-                listed.add(info.key)
                 run_id = self._run_id(info.key)
                 if run_id is None or run_id in exclude:
                     continue
@@ -191,25 +204,43 @@ class Worker:
                 seen = self._seen.get(info.key)
                 if seen is None or seen.version != info.version:
                     seen = self._read(info.key)
-                if (
-                    seen
-                    and seen.status in self.statuses
-                    and not is_live(
+                if seen is None:
+                    continue
+                if seen.status == "waiting":
+                    ready = seen.due(now, signals.get(run_id, set()))
+                else:
+                    ready = seen.status in self.statuses and not is_live(
                         seen.owner, now=now, skew=skew, since=seen.updated_at, lease=lease
                     )
-                ):
+                if ready:
                     found.append(run_id)
-            else:  # a full listing: forget runs that are gone
-                for key in self._seen.keys() - listed:
-                    del self._seen[key]
-                listed_ids = {k[len(self._prefix) : -len(self._suffix)] for k in listed}
-                for run_id in self._quarantine.keys() - listed_ids:
-                    del self._quarantine[run_id]
+            self._forget({info.key for info in infos})
         except DurableStepsError as exc:  # the store is down: try again at the next poll
             logger.warning("worker %s: scan failed (%s); retrying", self.workflow.name, exc)
         except Exception:  # a bug of ours or a store wrapper's: never the worker's end
             logger.exception("worker %s: scan failed; retrying", self.workflow.name)
         return found
+
+    def _forget(self, listed: set[str]) -> None:
+        """Drop what is remembered of runs no longer listed."""
+        for key in self._seen.keys() - listed:
+            del self._seen[key]
+        listed_ids = {k[len(self._prefix) : -len(self._suffix)] for k in listed}
+        for run_id in self._quarantine.keys() - listed_ids:
+            del self._quarantine[run_id]
+
+    def _listing(self) -> tuple[list[ObjectInfo], dict[str, set[str]]]:
+        """One LIST: the checkpoints under the prefix, and the signals sent, by run id."""
+        infos: list[ObjectInfo] = []
+        signals: dict[str, set[str]] = {}
+        for info in self.workflow.store.list(self._prefix):
+            if info.key.endswith(self._suffix):
+                infos.append(info)
+                continue
+            run_id, sep, name = info.key[len(self._prefix) :].partition("/signals/")
+            if sep and name:
+                signals.setdefault(run_id, set()).add(name)
+        return infos, signals
 
     def _run_id(self, key: str) -> str | None:
         """The run id of a checkpoint key, or None for any other object.
@@ -255,7 +286,7 @@ class Worker:
             logger.warning("worker: skipping %s", exc)
             seen = _Seen(got[1], "corrupt", None)
         else:
-            seen = _Seen(got[1], header.status, header.owner, header.updated_at)
+            seen = _Seen(got[1], header.status, header.owner, header.updated_at, header.wait)
         self._seen[key] = seen
         return seen
 
@@ -273,6 +304,7 @@ class Worker:
             (CheckpointConflict, "lost"),
             (RunLocked, "lost"),
             (RunGone, "lost"),
+            (RunSuspended, "waiting"),
         ]
         try:
             if any(s.is_async for s in wf.steps):

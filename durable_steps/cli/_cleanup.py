@@ -10,6 +10,7 @@ from typing import Any
 
 from .. import _checkpoint as ckpt
 from .._format2 import parts_prefix
+from .._signals import signals_prefix
 from ..errors import CheckpointConflict
 from ..stores import Store
 from ._base import (
@@ -138,8 +139,9 @@ def _delete_parts(store: Store, workflow: str, run_id: str) -> None:
     """Delete everything under a deleted run's ``parts/`` (format 2: the parts
     its head listed, and any a crashed or fenced-off writer left behind).
     """
-    for info in list(store.list(parts_prefix(workflow, run_id))):
-        store.delete(info.key)
+    for prefix in (parts_prefix(workflow, run_id), signals_prefix(workflow, run_id)):
+        for info in list(store.list(prefix)):
+            store.delete(info.key)
 
 
 def register(command: Callable[..., Any]) -> None:

@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import argparse
+import json
 import os
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from .. import _resolve
-from ..serializers import SIGNING_KEY_ENV, JSONSerializer, SignedSerializer
+from ..serializers import SIGNING_KEY_ENV, JSONSerializer, SignedSerializer, resolve_serializer
 from ..stores import Store
-from ._base import EXIT_OK, EXIT_REFUSED, RUN_HELP, CommandError, run_ref
+from ._base import EXIT_OK, EXIT_REFUSED, EXIT_USAGE, RUN_HELP, CommandError, run_ref
 from ._format import Style, echo, status_label
 from ._runs import load, locate, open_effects, run_status
 
@@ -37,7 +39,21 @@ def _cmd_resolve(args: argparse.Namespace, store: Store, style: Style) -> int:
     # serializer plays no part in signing a header).
     key = os.environ.get(SIGNING_KEY_ENV)
     signer = SignedSerializer(JSONSerializer(), key) if key else None
-    _resolve.resolve(store, workflow, run_id, fired=args.fired, force=args.force, signer=signer)
+    result = _resolve.NO_RESULT
+    serializer = None
+    if args.result is not None:
+        result = _json_argument(args.result, "--result")
+        serializer = resolve_serializer(header.serializer.removesuffix("+hmac-sha256"), key)
+    _resolve.resolve(
+        store,
+        workflow,
+        run_id,
+        fired=args.fired,
+        force=args.force,
+        signer=signer,
+        result=result,
+        serializer=serializer,
+    )
     what = (
         "fired: the next run counts it as done without calling it"
         if args.fired
@@ -50,6 +66,19 @@ def _cmd_resolve(args: argparse.Namespace, store: Store, style: Style) -> int:
     resolved += [f"effect {e.get('name')!r} (key {e.get('key')})" for e in effects]
     echo(f"resolved {header.run}: {', '.join(resolved)} {what}. Rerun the workflow.")
     return EXIT_OK
+
+
+def _json_argument(text: str, option: str) -> Any:
+    """A JSON command-line value, given inline or as ``@file``."""
+    if text.startswith("@"):
+        try:
+            text = Path(text[1:]).read_text()
+        except OSError as exc:
+            raise CommandError(f"{option}: cannot read {text[1:]!r}: {exc}", EXIT_USAGE) from exc
+    try:
+        return json.loads(text)
+    except ValueError as exc:
+        raise CommandError(f"{option}: not JSON ({exc})", EXIT_USAGE) from exc
 
 
 def register(command: Callable[..., Any]) -> None:
@@ -69,6 +98,12 @@ def register(command: Callable[..., Any]) -> None:
         "--fired", dest="fired", action="store_true", default=None, help="the effect happened"
     )
     how.add_argument("--not-fired", dest="fired", action="store_false", help="it did not")
+    resolve.add_argument(
+        "--result",
+        metavar="JSON",
+        help="with --fired, for an effect in doubt: what it returned (JSON, or @file), so the "
+        "re-run step gets it from ctx.effect",
+    )
     resolve.add_argument(
         "--force",
         action="store_true",

@@ -1,0 +1,220 @@
+r"""Signals: messages to a waiting run, sent through the bucket alone.
+
+A signal is one create-only object beside the run's checkpoint,
+``<workflow>/<run_id>/signals/<name>``::
+
+    {"format":1,"workflow":"refunds","run_id":"t-1","name":"approval","sent_at":...,"payload":...}
+
+Sending one never writes the run's checkpoint, so it can never conflict
+with the process that owns the run, and create-only makes a name deliverable
+once: a second send of it is refused (``wf.signal`` returns False). A signal
+sent before the run waits for it is kept, and ``ctx.wait_for`` finds it
+without waiting. The step that receives a signal records its payload in the
+step's journal (a journaled result, like ``ctx.call``'s), so a re-run of that
+step gets the same payload even if the object were gone.
+
+With a signing key the object ends in ``"sig"``, an HMAC over the line
+without it and bound to the signal's run and name, so a forged or moved
+signal is refused before its payload is used (guarantee 10). Payloads are
+JSON, at most :data:`MAX_PAYLOAD` bytes encoded. The signals of a run are
+removed with it (``rm``, ``prune``, ``on_complete="delete"``).
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import re
+import time
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+from . import _checkpoint as ckpt
+from .errors import (
+    CheckpointConflict,
+    CorruptCheckpoint,
+    DurableStepsError,
+    RunSuspended,
+    SerializationError,
+)
+from .serializers import check_json
+
+if TYPE_CHECKING:
+    from .stores import Store
+
+__all__ = [
+    "MAX_PAYLOAD",
+    "await_wake",
+    "await_wake_async",
+    "decode",
+    "send",
+    "signal_key",
+    "signals_prefix",
+]
+
+MAX_PAYLOAD = 256 * 1024
+"""The largest signal payload, in bytes of JSON (a signal is a message, not a file)."""
+_LINE = json.JSONEncoder(separators=(",", ":"), ensure_ascii=True)
+_SIG_TAIL = re.compile(rb',"sig":"([0-9a-f]{64})"\}\Z')
+
+
+def signals_prefix(workflow: str, run_id: str) -> str:
+    """Where a run's signals live (``rm``, ``prune`` and tombstones clear it)."""
+    return f"{workflow}/{run_id}/signals/"
+
+
+def signal_key(workflow: str, run_id: str, name: str) -> str:
+    """The store key of signal ``name`` of a run."""
+    return signals_prefix(workflow, run_id) + name
+
+
+def encode(
+    workflow: str, run_id: str, name: str, payload: Any, signer: ckpt.Signer | None = None
+) -> bytes:
+    """A signal object; SerializationError for a payload JSON cannot hold or too large."""
+    run = f"{workflow}/{run_id}"
+    check_json(payload, "payload")
+    record = {
+        "format": 1,
+        "workflow": workflow,
+        "run_id": run_id,
+        "name": name,
+        "sent_at": round(time.time(), 3),
+        "payload": payload,
+    }
+    line = _LINE.encode(record).encode()
+    if len(line) > MAX_PAYLOAD:
+        raise SerializationError(
+            f"run {run}: signal {name!r} is {len(line)} bytes of JSON, more than the "
+            f"{MAX_PAYLOAD} a signal may carry. Store large data elsewhere (the bucket, a "
+            "database) and send its address.",
+            run=run,
+        )
+    if signer is not None:
+        line = b'%s,"sig":"%s"}' % (line[:-1], signer.seal(line, b"signal").encode())
+    return line
+
+
+def decode(
+    data: bytes, workflow: str, run_id: str, name: str, signer: ckpt.Signer | None = None
+) -> Any:
+    """The payload of a signal object, once it is proven to be this run's signal ``name``."""
+    run = f"{workflow}/{run_id}"
+    where = f"run {run}: signal {name!r}"
+    if signer is not None:
+        found = _SIG_TAIL.search(data)
+        body = data[: found.start()] + b"}" if found else b""
+        if found is None or not hmac.compare_digest(
+            found.group(1).decode(), signer.seal(body, b"signal")
+        ):
+            raise CorruptCheckpoint(
+                f"{where} is not signed with the workflow's signing key, so it was refused "
+                "unread (anyone who can write the store could have sent it). Send it with the "
+                "key (wf.signal, or $DURABLE_STEPS_SIGNING_KEY for the command line).",
+                run=run,
+            )
+        data = body
+    try:
+        record = json.loads(data)
+    except (ValueError, RecursionError):
+        record = None
+    fields = ("format", "workflow", "run_id", "name")
+    if not isinstance(record, dict) or tuple(record.get(f) for f in fields) != (
+        1,
+        workflow,
+        run_id,
+        name,
+    ):
+        raise CorruptCheckpoint(
+            f"{where}: the object at {signal_key(workflow, run_id, name)!r} is not that "
+            "signal (damaged, or copied from another run); it was left untouched. Delete it "
+            "and send the signal again.",
+            run=run,
+        )
+    return record.get("payload")
+
+
+def send(  # noqa: PLR0917 - the public wf.signal's arguments, plus where
+    store: Store,
+    workflow: str,
+    run_id: str,
+    name: str,
+    payload: Any = None,
+    signer: ckpt.Signer | None = None,
+) -> bool:
+    """Send signal ``name`` to a run: True, or False if it was sent before.
+
+    Refused (``DurableStepsError``) when the run does not exist or has
+    finished: a signal nobody can receive is a mistake worth hearing about.
+    """
+    ckpt.validate_name(run_id, "run id")
+    run = f"{workflow}/{run_id}"
+    try:
+        ckpt.validate_name(name, "signal name")
+    except DurableStepsError:
+        raise DurableStepsError(
+            f"run {run}: {name!r} is not a valid signal name: use 1-200 characters from "
+            "letters, digits and '._@=+:-', starting with a letter or digit",
+            run=run,
+        ) from None
+    data = encode(workflow, run_id, name, payload, signer)
+    found = store.get(ckpt.checkpoint_key(workflow, run_id))
+    if found is None:
+        raise DurableStepsError(
+            f"run {run} does not exist, so signal {name!r} was not sent (check the run id "
+            "with `durable-steps ls`)",
+            run=run,
+        )
+    split = ckpt.split_header(found[0])
+    status = split[0].get("status") if split else None
+    if status in ("completed", "deleted"):
+        raise DurableStepsError(
+            f"run {run} has {status}, so nothing will receive signal {name!r}; it was not sent",
+            run=run,
+        )
+    try:
+        store.put(signal_key(workflow, run_id, name), data, match=None)
+    except CheckpointConflict:
+        return False
+    return True
+
+
+POLL_FIRST, POLL_MAX = 0.5, 30.0
+"""``wait=True`` polls a signal's key after 0.5 s, then backs off to one GET per 30 s."""
+
+
+def _pauses(until: float | None) -> Iterator[float]:
+    """The pauses of a wait: to ``until`` at once without a signal, else polling backoff."""
+    poll = POLL_FIRST
+    while True:
+        left = None if until is None else until - time.time()
+        if left is not None and left <= 0:
+            return
+        yield poll if left is None else min(poll, left)
+        poll = min(poll * 2, POLL_MAX)
+
+
+def await_wake(store: Store, workflow: str, run_id: str, waiting: RunSuspended) -> None:
+    """Block until ``waiting``'s time is due or its signal exists (``wf.run(wait=True)``)."""
+    if waiting.signal is None:
+        time.sleep(max(0.0, (waiting.until or 0) - time.time()))
+        return
+    key = signal_key(workflow, run_id, waiting.signal)
+    for pause in _pauses(waiting.until):
+        if store.get(key) is not None:
+            return
+        time.sleep(pause)
+
+
+async def await_wake_async(store: Store, workflow: str, run_id: str, waiting: RunSuspended) -> None:
+    """:func:`await_wake` under asyncio (``await wf.arun(..., wait=True)``)."""
+    import asyncio
+
+    if waiting.signal is None:
+        await asyncio.sleep(max(0.0, (waiting.until or 0) - time.time()))
+        return
+    key = signal_key(workflow, run_id, waiting.signal)
+    for pause in _pauses(waiting.until):
+        if await asyncio.to_thread(store.get, key) is not None:
+            return
+        await asyncio.sleep(pause)
