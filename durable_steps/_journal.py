@@ -65,14 +65,13 @@ from .errors import (
     CorruptCheckpoint,
     DefinitionError,
     SerializationError,
-    SignalTimeout,
 )
 from .serializers import check_json
 
 if TYPE_CHECKING:
     from ._run import RunState
 
-__all__ = ["Journal", "Suspend"]
+__all__ = ["MISS", "Journal", "record_resolved"]
 
 logger = logging.getLogger("durable_steps")
 Kind = Literal["call", "effect", "sleep", "signal"]
@@ -100,20 +99,8 @@ class _Change:
     result: _Result | None = None
 
 
-_MISS = object()
-
-
-class Suspend(BaseException):
-    """Raised inside a step to suspend the run (``ctx.sleep``, ``ctx.wait_for``).
-
-    A BaseException, so that a step's ``except Exception`` cannot swallow
-    it; the runner turns it into status ``waiting`` and ``RunSuspended``.
-    """
-
-    def __init__(self, until: float | None, signal: str | None) -> None:
-        super().__init__(until, signal)
-        self.until = until
-        self.signal = signal
+MISS = object()
+"""What :meth:`Journal.begin` returns for a name not recorded yet."""
 
 
 class Journal:
@@ -186,73 +173,24 @@ class Journal:
 
     def remember(self, name: str, kind: Kind, make: Callable[[], Any]) -> Any:
         """``make()`` once, recorded under ``name``: a wake time, a deadline."""
-        hit = self._begin(name, kind)
-        if hit is not _MISS:
+        hit = self.begin(name, kind)
+        if hit is not MISS:
             return hit
-        return self._finish(name, kind, None, make())
-
-    def sleep_until(self, wake: Callable[[], float]) -> None:
-        """``ctx.sleep``/``sleep_until``: suspend until the recorded wake time."""
-        with self._cond:
-            self.sleeps += 1
-            name = f"sleep#{self.sleeps}"
-        until = float(self.remember(name, "sleep", wake))
-        if time.time() < until:
-            raise Suspend(until, None)
-
-    def wait_for(self, name: str, timeout: float | None) -> Any:
-        """``ctx.wait_for``: the signal's payload, recorded; or suspend until it comes."""
-        from . import _signals
-
-        run = self.run
-        try:
-            ckpt.validate_name(name, "signal name")
-        except DefinitionError:
-            raise DefinitionError(
-                f"run {run.name}: step {self.step!r}: ctx.wait_for({name!r}): a signal name "
-                "is 1-200 characters from letters, digits and '._@=+:-', starting with a "
-                "letter or digit",
-                run=run.name,
-                step=self.step,
-            ) from None
-        entry = f"signal:{name}"
-        hit = self._begin(entry, "signal")
-        if hit is not _MISS:
-            return hit
-        deadline = None
-        if timeout is not None:
-            deadline = float(
-                self.remember(f"deadline:{name}", "sleep", lambda: time.time() + timeout)
-            )
-        workflow, run_id = run.plan.workflow, run.run_id
-        found = run.plan.store.get(_signals.signal_key(workflow, run_id, name))
-        if found is not None:
-            payload = _signals.decode(found[0], workflow, run_id, name, run.signer)
-            self._event("signal_received", entry)
-            return self._finish(entry, "signal", None, payload)
-        if deadline is not None and time.time() >= deadline:
-            raise SignalTimeout(
-                f"run {run.name}: step {self.step!r}: signal {name!r} did not come within "
-                f"{timeout:g}s",
-                run=run.name,
-                step=self.step,
-                signal=name,
-            )
-        raise Suspend(deadline, name)
+        return self.finish(name, kind, None, make())
 
     def call(self, name: str, fn: Callable[..., Any], args: Any, kwargs: Any) -> Any:
         """``ctx.call``: ``fn(*args, **kwargs)`` once, its result recorded."""
-        hit = self._begin(name, "call")
-        if hit is not _MISS:
+        hit = self.begin(name, "call")
+        if hit is not MISS:
             return hit
-        self._event("call_started", name)
+        self.event("call_started", name)
         result = _sync_result(fn(*args, **kwargs), name, "call")
-        return self._finish(name, "call", None, result)
+        return self.finish(name, "call", None, result)
 
     def effect(self, name: str, fn: Callable[..., Any], args: Any, kwargs: Any) -> Any:
         """``ctx.effect``: the intent durable, then ``fn(..., idempotency_key=key)``."""
-        hit = self._begin(name, "effect")
-        if hit is not _MISS:
+        hit = self.begin(name, "effect")
+        if hit is not MISS:
             return hit
         key, change = self._intent(name)
         self._durable(change)
@@ -262,16 +200,16 @@ class Journal:
         except BaseException:
             self.failed.add(name)
             raise
-        return self._finish(name, "effect", key, result)
+        return self.finish(name, "effect", key, result)
 
     async def acall(self, name: str, fn: Callable[..., Any], args: Any, kwargs: Any) -> Any:
         """``ctx.acall``: :meth:`call` for a coroutine function, writes off the loop."""
         import asyncio
 
-        hit = self._begin(name, "call")
-        if hit is not _MISS:
+        hit = self.begin(name, "call")
+        if hit is not MISS:
             return hit
-        self._event("call_started", name)
+        self.event("call_started", name)
         result = await _awaited(fn(*args, **kwargs))
         record = self._encode(name, "call", None, result)
         await asyncio.to_thread(self._durable, _Change(name, result=record))
@@ -281,8 +219,8 @@ class Journal:
         """``ctx.aeffect``: :meth:`effect` for a coroutine function."""
         import asyncio
 
-        hit = self._begin(name, "effect")
-        if hit is not _MISS:
+        hit = self.begin(name, "effect")
+        if hit is not MISS:
             return hit
         key, change = self._intent(name)
         await asyncio.to_thread(self._durable, change)
@@ -296,8 +234,8 @@ class Journal:
         await asyncio.to_thread(self._durable, _Change(name, result=record))
         return self._recorded(name, record)
 
-    def _begin(self, name: str, kind: Kind) -> Any:
-        """Check ``name``; the replayed value if it is recorded, else ``_MISS``."""
+    def begin(self, name: str, kind: Kind) -> Any:
+        """Check ``name``; the replayed value if it is recorded, else ``MISS``."""
         run = self.run
         if not isinstance(name, str) or not 0 < len(name) <= MAX_NAME:
             raise DefinitionError(
@@ -337,7 +275,7 @@ class Journal:
                     run=run.name,
                     step=self.step,
                 )
-            self._event("call_replayed", name, key=found.key)
+            self.event("call_replayed", name, key=found.key)
             return self._value(found)
         if kind == "effect" and opened is not None and opened.get("resolution") == "fired":
             logger.info(
@@ -346,9 +284,9 @@ class Journal:
                 name,
                 self.step,
             )
-            self._event("call_replayed", name, key=opened["key"])
+            self.event("call_replayed", name, key=opened["key"])
             return None
-        return _MISS
+        return MISS
 
     def _intent(self, name: str) -> tuple[str, _Change]:
         """The key of effect ``name`` and the intent to write before it fires."""
@@ -357,7 +295,7 @@ class Journal:
         if opened is not None:
             key = str(opened["key"])  # the persisted key wins over a re-derived one
             if name not in self.failed and "resolution" not in opened:
-                self._event("effect_in_doubt", name, key=key)
+                self.event("effect_in_doubt", name, key=key)
                 logger.warning(
                     "run %s: effect %r of step %r may have fired before the run last stopped; "
                     "firing it again with the same idempotency key %s",
@@ -368,17 +306,17 @@ class Journal:
                 )
         else:
             key = ckpt.effect_key(run.header.run_nonce, self.iteration, self.step, name)
-        self._event("call_started", name, key=key)
+        self.event("call_started", name, key=key)
         intent = {"name": name, "key": key, "at": round(time.time(), 3), "policy": self.policy}
         return key, _Change(name, intent=intent)
 
-    def _finish(self, name: str, kind: Kind, key: str | None, result: Any) -> Any:
+    def finish(self, name: str, kind: Kind, key: str | None, result: Any) -> Any:
         record = self._encode(name, kind, key, result)
         self._durable(_Change(name, result=record))
         return self._recorded(name, record)
 
     def _recorded(self, name: str, record: _Result) -> Any:
-        self._event("call_recorded", name, key=record.key)
+        self.event("call_recorded", name, key=record.key)
         return self._value(record)
 
     def _encode(self, name: str, kind: Kind, key: str | None, value: Any) -> _Result:
@@ -417,7 +355,7 @@ class Journal:
             return run.parts.finder.journal_value(result.blob)
         return run.plan.serializer.loads(result.blob)
 
-    def _event(self, kind: Any, name: str, *, key: str | None = None) -> None:
+    def event(self, kind: Any, name: str, *, key: str | None = None) -> None:
         self.run.event(
             kind,
             step=self.step,

@@ -31,30 +31,28 @@ the same key, reconcile, or stop, per the step's ``in_doubt`` policy).
 from __future__ import annotations
 
 import time
-from dataclasses import replace
 from typing import Any
 
 import tenacity
 
 from . import _checkpoint as ckpt
 from . import _format2 as f2
+from ._doubt import settle_doubt, settle_effects
 from ._drivers import AwaitableInSyncRun, Call, Get, Protocol, Sleep
 from ._events import logger
-from ._journal import Journal, Suspend
+from ._failures import give_up, record_failure, sentence
+from ._journal import Journal
 from ._lease import Heartbeat, describe, judge
 from ._run import Plan, Released, RunState, store_skew
-from ._signals import signal_key
 from ._step import Context, Step
+from ._waiting import Suspend, suspend, wake
 from .errors import (
     CheckpointConflict,
     CorruptCheckpoint,
     DefinitionError,
     DurableStepsError,
     RunLocked,
-    RunSuspended,
     SerializationError,
-    StepFailed,
-    StepInDoubt,
     WorkflowChanged,
 )
 from .stores import DEFAULT_STORE, STORE_ENV
@@ -94,7 +92,7 @@ def execute(plan: Plan, run_id: str, initial: Any, *, create: bool = True) -> Pr
                     yield from _tombstone(run)
                 return run.state
             if run.header.status == "waiting":
-                yield from _wake(run)
+                yield from wake(run)
             if claim:
                 # An explicit claim before any step (or reconcile) runs: from
                 # here on a process that held the run is fenced off by the
@@ -284,7 +282,7 @@ def _advance(run: RunState, step: Step[..., Any], index: int) -> Protocol[None]:
 
     if in_doubt:
         assert intent is not None
-        already_done = yield from _settle_doubt(run, step, ctx, intent)
+        already_done = yield from settle_doubt(run, step, ctx, intent)
         if already_done:
             yield from _commit(run, step, ctx, attempts=0, seconds=0.0)
             return
@@ -312,7 +310,7 @@ def _advance(run: RunState, step: Step[..., Any], index: int) -> Protocol[None]:
 
     doubtful = journal.in_doubt()
     if doubtful:
-        yield from _settle_effects(run, step, ctx, doubtful)
+        yield from settle_effects(run, step, ctx, doubtful)
 
     started = time.monotonic()
     attempts, failure = yield from _attempts(run, step, ctx, journal)
@@ -326,7 +324,7 @@ def _advance(run: RunState, step: Step[..., Any], index: int) -> Protocol[None]:
             step=step.name,
         ) from failure
     if failure is not None:
-        yield from _give_up(run, step, ctx, failure)
+        yield from give_up(run, step, ctx, failure)
     yield from _commit(run, step, ctx, attempts, time.monotonic() - started)
 
 
@@ -350,200 +348,8 @@ def _attempts(
     if heartbeat.lost or journal.lost:  # taken over while the step ran: say so first
         raise run.conflict(step.name)
     if suspended is not None:
-        yield from _suspend(run, step, ctx, suspended)
+        yield from suspend(run, step, ctx, suspended)
     return attempts, failure
-
-
-def _suspend(run: RunState, step: Step[..., Any], ctx: Context, wait: Suspend) -> Protocol[None]:
-    """Record that the run waits, release it, and raise RunSuspended."""
-    record = {
-        "step": step.name,
-        "iteration": ctx.iteration,
-        "until": wait.until,
-        "signal": wait.signal,
-        "since": round(time.time(), 3),
-    }
-    yield from run.write(run.header.evolve(status="waiting", wait=record), step.name, release=True)
-    logger.info("run %s: step %r waits for %s", run.name, step.name, _waits_for(record))
-    run.event("run_suspended", step=step.name, iteration=ctx.iteration)
-    raise _suspended(run, record)
-
-
-def _wake(run: RunState) -> Protocol[None]:
-    """A waiting run goes on if its time is due or its signal exists; else RunSuspended."""
-    wait = run.header.wait
-    assert wait is not None
-    due = wait["until"] is not None and time.time() >= wait["until"]
-    if not due and wait["signal"] is not None:
-        got = yield Get(signal_key(run.plan.workflow, run.run_id, wait["signal"]))
-        due = got is not None
-    if not due:
-        raise _suspended(run, wait)
-    # Every write from here on says "running" and carries no wait (the first one
-    # claims the run, as any resume's does).
-    run.header = run.header.replace(status="running", wait=None)
-    logger.info("run %s woken at step %r (%s)", run.name, wait["step"], _waits_for(wait))
-    run.event("run_woken", step=wait["step"], iteration=wait["iteration"])
-    run.event("run_resumed", step=wait["step"], iteration=wait["iteration"])
-
-
-def _waits_for(wait: dict[str, Any]) -> str:
-    """``signal 'approval'``, ``until 14:05:00``, or both."""
-    parts = []
-    if wait["signal"] is not None:
-        parts.append(f"signal {wait['signal']!r}")
-    if wait["until"] is not None:
-        when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(wait["until"]))
-        parts.append(f"{'a timeout at' if parts else 'until'} {when}")
-    return ", or ".join(parts)  # "signal 'approval', or a timeout at ..."
-
-
-def _suspended(run: RunState, wait: dict[str, Any]) -> RunSuspended:
-    """The RunSuspended of a run that waits as ``wait`` says, with what unblocks it."""
-    signal = wait["signal"]
-    how = "Run it again then"
-    if signal is not None:
-        how = (
-            f"Send the signal with wf.signal({run.run_id!r}, {signal!r}, payload) or "
-            f"`durable-steps signal {run.name} {signal} --data JSON`, then run it again"
-        )
-    return RunSuspended(
-        f"run {run.name} is waiting at step {wait['step']!r} for {_waits_for(wait)}. {how} "
-        "(or let `durable-steps worker` resume it, or pass wait=True to block until it "
-        "can go on).",
-        run=run.name,
-        step=wait["step"],
-        until=wait["until"],
-        signal=signal,
-    )
-
-
-def _call_owned(run: RunState, step: Step[..., Any], call: Call) -> Protocol[Any]:
-    """Call user code with the lease renewed meanwhile; a run lost while it
-    ran raises CheckpointConflict before anything else happens.
-    """
-    heartbeat = run.heartbeat()
-    try:
-        result = yield call
-    finally:
-        heartbeat.stop()
-    if heartbeat.lost:
-        raise run.conflict(step.name)
-    return result
-
-
-def _settle_doubt(
-    run: RunState, step: Step[..., Any], ctx: Context, intent: dict[str, Any]
-) -> Protocol[bool]:
-    """Decide an intent found without a commit. True: the effect happened."""
-    run.event(
-        "step_in_doubt",
-        step=step.name,
-        iteration=ctx.iteration,
-        idempotency_key=ctx.idempotency_key,
-    )
-    resolution = intent.get("resolution")
-    if resolution is not None:
-        logger.info("run %s: step %r was resolved as %s", run.name, step.name, resolution)
-        return bool(resolution == "fired")
-    if step.reconcile is not None:
-        try:
-            happened = yield from _call_owned(run, step, Call(step.reconcile, (run.state, ctx)))
-        except (CheckpointConflict, AwaitableInSyncRun):
-            raise
-        except Exception as exc:
-            yield from _give_up(run, step, ctx, exc, what="reconcile()")
-        logger.warning(
-            "run %s: step %r may have fired (key %s); reconcile says %s",
-            run.name,
-            step.name,
-            ctx.idempotency_key,
-            "it did" if happened else "it did not",
-        )
-        if not happened:  # drop what reconcile changed: the step starts clean
-            run.state = run.restore()
-            ctx._finish = False
-        return bool(happened)
-    if step.in_doubt == "raise":
-        yield from run.write(run.header.evolve(status="in_doubt"), step.name)
-        raise StepInDoubt(
-            f"run {run.name}: step {step.name!r} (iteration {ctx.iteration}) may have "
-            f"fired before the last crash, with idempotency key {ctx.idempotency_key}. "
-            "Check whether its effect happened, then call "
-            f"wf.resolve({run.run_id!r}, fired=True|False) or run "
-            f"`durable-steps resolve {run.name} --fired|--not-fired`, and run it again.",
-            run=run.name,
-            step=step.name,
-            key=ctx.idempotency_key,
-            iteration=ctx.iteration,
-        )
-    logger.warning(
-        "run %s: step %r may have fired before the run last stopped (a crash, or an "
-        "error after it began); firing it again with "
-        "the same idempotency key %s",
-        run.name,
-        step.name,
-        ctx.idempotency_key,
-    )
-    return False
-
-
-def _settle_effects(
-    run: RunState, step: Step[..., Any], ctx: Context, doubtful: list[dict[str, Any]]
-) -> Protocol[None]:
-    """Decide the effects found in doubt before the step runs again.
-
-    ``reconcile`` is asked about each (``True``: it happened, so ``ctx.effect``
-    returns None for it without firing; ``False``: it fires again with its
-    key); ``in_doubt="raise"`` stops the run; by default each fires again
-    with its key when the step reaches it.
-    """
-    for entry in doubtful:
-        run.event(
-            "effect_in_doubt",
-            step=step.name,
-            iteration=ctx.iteration,
-            call=entry["name"],
-            idempotency_key=entry["key"],
-        )
-    if step.reconcile is not None:
-        for entry in doubtful:
-            asked = replace(ctx, effect_in_doubt=entry["name"], idempotency_key=entry["key"])
-            try:
-                happened = yield from _call_owned(
-                    run, step, Call(step.reconcile, (run.state, asked))
-                )
-            except (CheckpointConflict, AwaitableInSyncRun):
-                raise
-            except Exception as exc:
-                yield from _give_up(run, step, ctx, exc, what=f"reconcile() of {entry['name']!r}")
-            logger.warning(
-                "run %s: effect %r of step %r may have fired (key %s); reconcile says %s",
-                run.name,
-                entry["name"],
-                step.name,
-                entry["key"],
-                "it did" if happened else "it did not",
-            )
-            entry["resolution"] = "fired" if happened else "not_fired"
-            run.state = run.restore()  # the step starts from the committed state
-        return
-    if step.in_doubt == "raise":
-        first = doubtful[0]
-        yield from run.write(run.header.evolve(status="in_doubt"), step.name)
-        more = f" (and {len(doubtful) - 1} more)" if len(doubtful) > 1 else ""
-        raise StepInDoubt(
-            f"run {run.name}: effect {first['name']!r}{more} of step {step.name!r} (iteration "
-            f"{ctx.iteration}) may have fired before the last crash, with idempotency key "
-            f"{first['key']}. Check whether it happened, then call "
-            f"wf.resolve({run.run_id!r}, fired=True|False) or run "
-            f"`durable-steps resolve {run.name} --fired|--not-fired`, and run it again.",
-            run=run.name,
-            step=step.name,
-            key=first["key"],
-            iteration=ctx.iteration,
-            effect=first["name"],
-        )
 
 
 def _fire(
@@ -633,43 +439,6 @@ def _next_wait(
     return float(action) if isinstance(action, tenacity.DoSleep) else None
 
 
-def _give_up(
-    run: RunState, step: Step[..., Any], ctx: Context, exc: Exception, what: str = ""
-) -> Protocol[None]:
-    """Record the failure in the checkpoint, then raise StepFailed."""
-    yield from _record_failure(run, step, ctx, exc)
-    used_up = step.retry is not None and ctx.attempt >= step.retry.attempts > 1
-    tries = f"all {ctx.attempt} attempts" if used_up else f"attempt {ctx.attempt}"
-    raise StepFailed(
-        f"run {run.name}: step {step.name!r} (iteration {ctx.iteration}) failed on "
-        f"{tries}{f' ({what})' if what else ''}: {type(exc).__name__}: {_sentence(exc)} The run is "
-        "saved before this step; fix the cause and run it again to resume here.",
-        run=run.name,
-        step=step.name,
-        attempts=ctx.attempt,
-    ) from exc
-
-
-def _record_failure(
-    run: RunState, step: Step[..., Any], ctx: Context, exc: BaseException
-) -> Protocol[None]:
-    """Write status "failed" and the error with the last commit's payload:
-    what the failed attempt changed never reaches storage.
-    """
-    error = {
-        "step": step.name,
-        "iteration": ctx.iteration,
-        "type": f"{type(exc).__module__}.{type(exc).__qualname__}",
-        "message": str(exc)[:2000],
-        "attempts": ctx.attempt,
-        "at": round(time.time(), 3),
-    }
-    run.event(
-        "step_failed", step=step.name, iteration=ctx.iteration, attempt=ctx.attempt, error=exc
-    )
-    yield from run.write(run.header.evolve(status="failed", error=error), step.name)
-
-
 def _until(run: RunState, step: str | None) -> bool:
     until = run.plan.until
     assert until is not None
@@ -681,16 +450,11 @@ def _until(run: RunState, step: str | None) -> bool:
         else:
             where, then = " before the first pass", "Nothing was written: the run was not created"
         raise DurableStepsError(
-            f"run {run.name}: until() raised{where}: {type(exc).__name__}: {_sentence(exc)} "
+            f"run {run.name}: until() raised{where}: {type(exc).__name__}: {sentence(exc)} "
             f"{then}; fix until() and run it again.",
             run=run.name,
             step=step,
         ) from exc
-
-
-def _sentence(exc: BaseException) -> str:
-    """``exc``'s message as a sentence of ours: one final period, never two."""
-    return f"{str(exc).rstrip('. ')}."
 
 
 def _commit(
@@ -702,7 +466,7 @@ def _commit(
     try:
         done = ctx._finish or (last and (run.plan.until is None or _until(run, step.name)))
     except DurableStepsError as exc:  # until() raised
-        yield from _record_failure(run, step, ctx, exc)
+        yield from record_failure(run, step, ctx, exc)
         raise
     # A finished run's cursor points just past its last committed step; an
     # unfinished pass moves to its next step; a finished pass to the next pass.
@@ -716,7 +480,7 @@ def _commit(
     try:
         yield from run.save(committed, step.name)
     except SerializationError as exc:  # the state cannot be saved: nothing was written
-        yield from _record_failure(run, step, ctx, exc)
+        yield from record_failure(run, step, ctx, exc)
         raise
     logger.info(
         "run %s: committed step %r (iteration %d, attempt %d) in %.3fs",

@@ -167,7 +167,9 @@ class Context:
         # The wake time is ``wake()`` as it was when first asked (recorded).
         if self._journal is None:  # a step called by hand: nothing to suspend
             return
-        self._journal.sleep_until(wake)
+        from ._waiting import sleep_until
+
+        sleep_until(self._journal, wake)
 
     def wait_for(self, name: str, timeout: float | None = None) -> Any:
         """Suspend the run until signal ``name`` arrives; return its payload (JSON).
@@ -187,7 +189,9 @@ class Context:
                 f"ctx.wait_for({name!r}) needs a running workflow: a hand-made Context has "
                 "no run to wait in. Unit-test the step's logic around the wait instead."
             )
-        return self._journal.wait_for(name, timeout)
+        from ._waiting import wait_for
+
+        return wait_for(self._journal, name, timeout)
 
     async def acall(
         self, name: str, fn: Callable[P, Awaitable[R]], /, *args: P.args, **kwargs: P.kwargs

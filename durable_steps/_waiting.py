@@ -1,0 +1,161 @@
+"""Suspending a run that waits (``ctx.sleep``, ``ctx.wait_for``) and waking it.
+
+A step that waits raises :class:`~durable_steps._journal.Suspend` (after
+journaling the wake time, or finding no signal). The runner then writes the
+head once more — status ``waiting``, the header's ``wait`` saying for what,
+no owner — and raises :class:`~durable_steps.RunSuspended`: nothing holds
+the run, no process, no lease. Loading a waiting run checks whether it can
+go on (its time is due, or its signal object exists: one GET) and else
+raises RunSuspended again without writing anything. Once it goes on, the
+step runs again from its start: its journaled calls replay, the sleep
+returns at once, ``wait_for`` finds the signal and records its payload.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+from . import _checkpoint as ckpt
+from ._drivers import Get, Protocol
+from ._events import logger
+from ._journal import MISS, Journal
+from ._run import RunState
+from ._signals import decode, signal_key
+from ._step import Context, Step
+from .errors import DefinitionError, RunSuspended, SignalTimeout
+
+__all__ = ["Suspend", "sleep_until", "suspend", "suspended", "wait_for", "waits_for", "wake"]
+
+
+class Suspend(BaseException):
+    """Raised inside a step to suspend the run (``ctx.sleep``, ``ctx.wait_for``).
+
+    A BaseException, so that a step's ``except Exception`` cannot swallow
+    it; the runner turns it into status ``waiting`` and ``RunSuspended``.
+    """
+
+    def __init__(self, until: float | None, signal: str | None) -> None:
+        super().__init__(until, signal)
+        self.until = until
+        self.signal = signal
+
+
+# --- inside the step: the waits, journaled ---------------------------------------------
+
+
+def sleep_until(journal: Journal, wake: Callable[[], float]) -> None:
+    """``ctx.sleep``/``sleep_until``: suspend until the recorded wake time."""
+    with journal._cond:
+        journal.sleeps += 1
+        name = f"sleep#{journal.sleeps}"
+    until = float(journal.remember(name, "sleep", wake))
+    if time.time() < until:
+        raise Suspend(until, None)
+
+
+def wait_for(journal: Journal, name: str, timeout: float | None) -> Any:
+    """``ctx.wait_for``: the signal's payload, recorded; or suspend until it comes."""
+    run = journal.run
+    try:
+        ckpt.validate_name(name, "signal name")
+    except DefinitionError:
+        raise DefinitionError(
+            f"run {run.name}: step {journal.step!r}: ctx.wait_for({name!r}): a signal name "
+            "is 1-200 characters from letters, digits and '._@=+:-', starting with a "
+            "letter or digit",
+            run=run.name,
+            step=journal.step,
+        ) from None
+    entry = f"signal:{name}"
+    hit = journal.begin(entry, "signal")
+    if hit is not MISS:
+        return hit
+    deadline = None
+    if timeout is not None:
+        deadline = float(
+            journal.remember(f"deadline:{name}", "sleep", lambda: time.time() + timeout)
+        )
+    workflow, run_id = run.plan.workflow, run.run_id
+    found = run.plan.store.get(signal_key(workflow, run_id, name))
+    if found is not None:
+        payload = decode(found[0], workflow, run_id, name, run.signer)
+        journal.event("signal_received", entry)
+        return journal.finish(entry, "signal", None, payload)
+    if deadline is not None and time.time() >= deadline:
+        raise SignalTimeout(
+            f"run {run.name}: step {journal.step!r}: signal {name!r} did not come within "
+            f"{timeout:g}s",
+            run=run.name,
+            step=journal.step,
+            signal=name,
+        )
+    raise Suspend(deadline, name)
+
+
+# --- the runner's side: suspending and waking ------------------------------------------
+
+
+def suspend(run: RunState, step: Step[..., Any], ctx: Context, wait: Suspend) -> Protocol[None]:
+    """Record that the run waits, release it, and raise RunSuspended."""
+    record = {
+        "step": step.name,
+        "iteration": ctx.iteration,
+        "until": wait.until,
+        "signal": wait.signal,
+        "since": round(time.time(), 3),
+    }
+    yield from run.write(run.header.evolve(status="waiting", wait=record), step.name, release=True)
+    logger.info("run %s: step %r waits for %s", run.name, step.name, waits_for(record))
+    run.event("run_suspended", step=step.name, iteration=ctx.iteration)
+    raise suspended(run, record)
+
+
+def wake(run: RunState) -> Protocol[None]:
+    """A waiting run goes on if its time is due or its signal exists; else RunSuspended."""
+    wait = run.header.wait
+    assert wait is not None
+    due = wait["until"] is not None and time.time() >= wait["until"]
+    if not due and wait["signal"] is not None:
+        got = yield Get(signal_key(run.plan.workflow, run.run_id, wait["signal"]))
+        due = got is not None
+    if not due:
+        raise suspended(run, wait)
+    # Every write from here on says "running" and carries no wait (the first one
+    # claims the run, as any resume's does).
+    run.header = run.header.replace(status="running", wait=None)
+    logger.info("run %s woken at step %r (%s)", run.name, wait["step"], waits_for(wait))
+    run.event("run_woken", step=wait["step"], iteration=wait["iteration"])
+    run.event("run_resumed", step=wait["step"], iteration=wait["iteration"])
+
+
+def waits_for(wait: dict[str, Any]) -> str:
+    """``signal 'approval'``, ``until 14:05:00``, or both."""
+    parts = []
+    if wait["signal"] is not None:
+        parts.append(f"signal {wait['signal']!r}")
+    if wait["until"] is not None:
+        when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(wait["until"]))
+        parts.append(f"{'a timeout at' if parts else 'until'} {when}")
+    return ", or ".join(parts)  # "signal 'approval', or a timeout at ..."
+
+
+def suspended(run: RunState, wait: dict[str, Any]) -> RunSuspended:
+    """The RunSuspended of a run that waits as ``wait`` says, with what unblocks it."""
+    signal = wait["signal"]
+    how = "Run it again then"
+    if signal is not None:
+        how = (
+            f"Send the signal with wf.signal({run.run_id!r}, {signal!r}, payload) or "
+            f"`durable-steps signal {run.name} {signal} --data JSON`, then run it again"
+        )
+    return RunSuspended(
+        f"run {run.name} is waiting at step {wait['step']!r} for {waits_for(wait)}. {how} "
+        "(or let `durable-steps worker` resume it, or pass wait=True to block until it "
+        "can go on).",
+        run=run.name,
+        step=wait["step"],
+        until=wait["until"],
+        signal=signal,
+    )
