@@ -148,8 +148,10 @@ class Journal:
                 self.results[name] = _Result(kind, key, base64.b64decode(data))
         elif run.parts is not None:
             for meta, record in run.parts.journal:
-                _, _, name, kind, key = meta
-                self.results[name] = _Result(kind, key, record)
+                step, iteration, name, kind, key = meta
+                if (step, iteration) == (self.step, self.iteration):
+                    self.results[name] = _Result(kind, key, record)
+            run.parts.journal = []  # taken: a later step's journal starts empty
         if len(self.results) != field["calls"]:
             raise CorruptCheckpoint(
                 f"run {run.name}: the journal of step {self.step!r} lists {field['calls']} "
