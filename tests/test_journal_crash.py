@@ -1,0 +1,318 @@
+"""Real crashes of journaled calls: a child SIGKILLs itself at every journal boundary.
+
+Each test runs ``tests/journalchild.py`` on a local directory or a real S3
+server (SeaweedFS, moto), killed at one boundary of a journaled call; reruns
+it to completion in a second child; then checks what really happened against
+the child's executions log (every fn call), its ledger (what the "payment
+API" saw, with keys), the head the kill left, and an uncrashed run's final
+state. One crashed run and one rerun per kill point per store.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import durable_steps as ds
+from durable_steps import _checkpoint as ckpt
+from durable_steps._drivers import drive_sync
+from durable_steps._format2 import load_state
+from tests.conftest import S3_KINDS, StoreTarget
+from tests.journalchild import (
+    FANOUT,
+    GATHER,
+    PASSES,
+    TURNS,
+    Crash,
+    KillingStore,
+    call_names,
+    gather_workflow,
+    initial_state,
+    read_lines,
+    turns_workflow,
+)
+
+CHILD = Path(__file__).with_name("journalchild.py")
+RUN = "r1"
+KILLED = -signal.SIGKILL
+ORDER = [(it, name) for it in range(PASSES) for name in call_names(it)]
+"""Every journaled call of a ``turns`` run, in the order they are made."""
+
+TURN_CRASHES: list[Crash] = [
+    ("before-record", "model", 0),  # the run's first call, right after the create
+    ("before-record", "model", 1),  # the model answered; not recorded yet
+    ("after-record", "model", 1),
+    ("after-intent", "tool:t1-1", 1),  # intent durable, charge not started
+    ("inside", "tool:t1-1", 1),  # the charge landed in the ledger
+    ("before-record", "tool:t1-1", 1),  # the charge returned; not recorded yet
+    ("after-record", "tool:t1-1", 1),
+    ("between", "tool:t1-0", 1),  # between two effects, in the step
+    ("before-commit", "turn", 1),  # every call recorded, the pass not committed
+    ("after-commit", "turn", 1),
+    ("after-commit", "turn", PASSES - 1),  # the commit that completes the run
+]
+
+
+def _kinds() -> list[Any]:
+    return ["local", *(pytest.param(k, marks=pytest.mark.s3) for k in S3_KINDS)]
+
+
+def exec_line(iteration: int, name: str) -> str:
+    """How the executions log spells a call of ``name`` in pass ``iteration``."""
+    return f"model:{iteration}" if name == "model" else name
+
+
+def lines(calls: list[tuple[int, str]]) -> list[str]:
+    """The executions log of ``calls``, in order."""
+    return [exec_line(it, name) for it, name in calls]
+
+
+@cache
+def reference_json(workflow: str) -> str:
+    """An uncrashed run's final state as the child prints it (in-process, memory store)."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        log, ledger = Path(tmp) / "log", Path(tmp) / "ledger"
+        if workflow == TURNS:
+            final = turns_workflow(ds.MemoryStore(), log, ledger, None).run("ref", initial_state())
+        else:
+            final = drive_gather(gather_workflow(ds.MemoryStore(), log, None), "ref")
+    return json.dumps(final, sort_keys=True)
+
+
+def drive_gather(wf: ds.Workflow, run_id: str) -> Any:
+    """Run the async ``gather`` workflow to its end."""
+    import asyncio
+
+    return asyncio.run(wf.arun(run_id, {}))
+
+
+@dataclass
+class Child:
+    """The child on one store target, with its log files."""
+
+    target: StoreTarget
+    tmp: Path
+    store: ds.Store = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.store = self.target.open()
+        self.log = self.tmp / "executions.log"
+        self.ledger = self.tmp / "ledger.log"
+
+    def run(self, workflow: str, *extra: str) -> subprocess.CompletedProcess[str]:
+        """Run the child's ``workflow`` on run ``RUN`` with ``extra`` arguments."""
+        cmd = [sys.executable, str(CHILD), workflow, "--store", self.target.url, "--run", RUN]
+        cmd += ["--log", str(self.log), "--ledger", str(self.ledger), *extra]
+        return subprocess.run(
+            cmd,
+            env=self.target.child_env(),
+            cwd=self.tmp,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+
+    def finish(self, workflow: str) -> str:
+        """Rerun without a crash; the final state's JSON the child printed."""
+        proc = self.run(workflow)
+        assert proc.returncode == 0, proc.stderr
+        return proc.stdout.strip()
+
+    def head(self, workflow: str) -> tuple[ckpt.Checkpoint, bytes]:
+        """The stored head of run ``RUN`` and its payload (the format-2 tail)."""
+        found = self.store.get(ckpt.checkpoint_key(workflow, RUN))
+        assert found is not None
+        return ckpt.decode(found[0], where=RUN)
+
+    def recorded(self, workflow: str) -> list[str]:
+        """The names of the calls the journal of ``RUN`` holds, as a resume reads them."""
+        header, tail = self.head(workflow)
+        loaded = drive_sync(load_state(header, tail, ds.JSONSerializer(), RUN), self.store)
+        assert loaded is not None
+        return [meta[2] for meta, _ in loaded[1].journal]
+
+    def execs(self) -> list[str]:
+        """The executions log: every fn call, in order."""
+        return read_lines(self.log)
+
+    def ledger_lines(self) -> list[str]:
+        """The ledger: every charge that landed, ``tool:<id>:<key>``."""
+        return read_lines(self.ledger)
+
+    def assert_completed_and_inert(self, workflow: str, final: str) -> None:
+        """The run is completed with no journal; a third run returns ``final``, calls nothing."""
+        header, _ = self.head(workflow)
+        assert header.status == "completed"
+        assert header.journal is None
+        execs, ledger = self.execs(), self.ledger_lines()
+        if workflow == TURNS:
+            wf = turns_workflow(self.store, self.log, self.ledger, None)
+            again = wf.run(RUN, initial_state())
+        else:
+            again = drive_gather(gather_workflow(self.store, self.log, None), RUN)
+        assert json.dumps(again, sort_keys=True) == final
+        assert self.execs() == execs
+        assert self.ledger_lines() == ledger
+
+
+@pytest.fixture
+def child(durable_target: StoreTarget, tmp_path: Path) -> Iterator[Child]:
+    """A :class:`Child` on the target store; its store closed afterwards."""
+    made = Child(durable_target, tmp_path)
+    yield made
+    made.store.close()
+
+
+def expected_at_kill(crash: Crash) -> tuple[int, int, int, list[str]]:
+    """For a kill at ``crash``: (fns started, passes committed, results in the
+    journal, open effects) — what the kill must have left.
+    """
+    boundary, name, it = crash
+    if name == "turn":
+        done = sum(len(call_names(i)) for i in range(it + 1))
+        committed = it + 1 if boundary == "after-commit" else it
+        return done, committed, 0 if boundary == "after-commit" else len(call_names(it)), []
+    at = ORDER.index((it, name))
+    first = ORDER.index((it, "model"))
+    started = at if boundary in ("before-intent", "after-intent") else at + 1
+    recorded = at + 1 - first if boundary in ("after-record", "between") else at - first
+    opened = boundary in ("after-intent", "inside") or (
+        boundary == "before-record" and name != "model"
+    )
+    return started, it, recorded, [name] if opened else []
+
+
+def ledger_keys(ledger: list[str], doubled: str | None) -> dict[str, str]:
+    """Check the ledger; each effect's one key. Every tool call of the run was
+    charged once (twice for ``doubled``, then with the same key)."""
+    fired: dict[str, list[str]] = {}
+    for line in ledger:
+        name, key = line.rsplit(":", 1)
+        fired.setdefault(name, []).append(key)
+    assert sorted(fired) == sorted(n for _, n in ORDER if n != "model")
+    for name, keys in fired.items():
+        assert len(keys) == (2 if name == doubled else 1), (name, keys)
+        assert len(set(keys)) == 1, f"{name} re-fired with another key: {keys}"
+    keys = {name: k[0] for name, k in fired.items()}
+    assert len(set(keys.values())) == len(keys), "two effects share a key"
+    return keys
+
+
+@pytest.mark.parametrize("crash", TURN_CRASHES, ids=lambda c: ":".join(map(str, c)))
+@pytest.mark.parametrize("durable_target", _kinds(), indirect=True)
+def test_sigkill_at_a_journal_boundary_then_rerun_matches_uncrashed_run(
+    child: Child, crash: Crash
+) -> None:
+    """Killed at this boundary, then rerun: finished calls ran once, each effect hit the
+    ledger under one key (twice only for the one in flight, same key), the final
+    state is byte-equal to an uncrashed run's, and a third run calls nothing.
+    """
+    boundary, name, it = crash
+    proc = child.run(TURNS, "--crash", ":".join(map(str, crash)))
+    assert proc.returncode == KILLED, proc.stderr
+
+    # What the kill left: the fns before it ran; the head holds exactly the
+    # calls recorded so far and the intent of the effect in flight.
+    started, committed, recorded, opened = expected_at_kill(crash)
+    assert child.execs() == lines(ORDER[:started])
+    header, _ = child.head(TURNS)
+    assert header.committed == committed
+    journal = header.journal
+    assert (journal["calls"] if journal else 0) == recorded
+    assert ([e["name"] for e in journal["open"]] if journal else []) == opened
+    if journal is not None:
+        assert (journal["step"], journal["iteration"]) == ("turn", it)
+    intent_key = journal["open"][0]["key"] if opened else None
+    before = child.ledger_lines()
+
+    final = child.finish(TURNS)
+
+    # The rerun called exactly what was not recorded, from there on; a call
+    # runs twice only if its fn had run and its record had not landed.
+    done = sum(len(call_names(i)) for i in range(committed)) + recorded
+    assert child.execs() == lines(ORDER[:started]) + lines(ORDER[done:])
+    twice = {n for n, c in Counter(child.execs()).items() if c > 1}
+    in_flight = set(lines(ORDER[done:started]))
+    assert twice == in_flight
+    assert len(in_flight) <= 1
+    # Each effect one key, the in-flight one re-fired with the key its intent holds.
+    doubled = name if boundary in ("inside", "before-record") and name != "model" else None
+    keys = ledger_keys(child.ledger_lines(), doubled)
+    assert child.ledger_lines()[: len(before)] == before
+    if intent_key is not None:
+        assert keys[name] == intent_key
+    nonce = child.head(TURNS)[0].run_nonce
+    assert keys == {n: ckpt.effect_key(nonce, i, "turn", n) for i, n in ORDER if n != "model"}
+    # Byte-equal to an uncrashed run; completed; a third run calls nothing.
+    assert final == reference_json(TURNS)
+    child.assert_completed_and_inert(TURNS, final)
+
+
+@pytest.mark.parametrize("durable_target", _kinds(), indirect=True)
+def test_sigkill_among_50_gathered_acalls_then_rerun_calls_each_unrecorded_once(
+    child: Child,
+) -> None:
+    """Killed once 25 of 50 gathered acalls are recorded: the rerun calls exactly the
+    names the journal did not hold, once each; only calls in flight at the kill ran twice.
+    """
+    proc = child.run(GATHER, "--kill-at-calls", "25")
+    assert proc.returncode == KILLED, proc.stderr
+    header, _ = child.head(GATHER)
+    assert header.journal is not None
+    held = child.recorded(GATHER)
+    assert header.journal["calls"] == len(held)
+    assert 25 <= len(held) < FANOUT
+    assert len(set(held)) == len(held)
+    before = child.execs()
+    assert set(held) <= set(before)  # recorded means its fn ran
+    assert len(set(before)) == len(before)
+
+    final = child.finish(GATHER)
+
+    everything = {f"tool:{i}" for i in range(FANOUT)}
+    rerun = child.execs()[len(before) :]
+    assert sorted(rerun) == sorted(everything - set(held))  # each unrecorded name once
+    counts = Counter(child.execs())
+    assert set(counts) == everything
+    assert {n for n, c in counts.items() if c == 2} == set(before) - set(held)
+    assert max(counts.values()) <= 2
+    assert final == reference_json(GATHER)
+    child.assert_completed_and_inert(GATHER, final)
+
+
+def test_kill_points_are_distinct_head_writes(tmp_path: Path) -> None:
+    """The child's KillingStore names every call's record and every effect's intent
+    once, in call order, and each pass's commit, in an uncrashed run.
+    """
+    seen: list[tuple[str, str, int]] = []
+
+    class Recorder(KillingStore):
+        def put(self, key: str, data: bytes, *, match: str | None = None) -> str:
+            if "/parts/" not in key:
+                seen.append(self.classify(data, match))
+            return super().put(key, data, match=match)
+
+    wf = turns_workflow(ds.MemoryStore(), tmp_path / "log", tmp_path / "ledger", None)
+    wf.store = Recorder(wf.store.inner)  # type: ignore[attr-defined]
+    wf.run(RUN, initial_state())
+    expected: list[tuple[str, str, int]] = [("create", "run", 0)]
+    for it in range(PASSES):
+        for name in call_names(it):
+            if name != "model":
+                expected.append(("intent", name, it))
+            expected.append(("record", name, it))
+        expected.append(("commit", "turn", it))
+    assert seen == expected
