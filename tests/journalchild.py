@@ -209,7 +209,10 @@ def turns_workflow(store: ds.Store, log: Path, ledger: Path, crash: Crash | None
 
     def model(iteration: int, seen: int) -> dict[str, Any]:
         append_line(log, f"model:{iteration}")
-        calls = [{"id": t, "amount": 100 * (iteration + 1) + j} for j, t in enumerate(tool_ids(iteration))]
+        calls = [
+            {"id": t, "amount": 100 * (iteration + 1) + j}
+            for j, t in enumerate(tool_ids(iteration))
+        ]
         return {"content": f"turn {iteration} after {seen} messages", "tool_calls": calls}
 
     def charge(call: dict[str, Any], iteration: int, idempotency_key: str) -> dict[str, Any]:
@@ -220,9 +223,7 @@ def turns_workflow(store: ds.Store, log: Path, ledger: Path, crash: Crash | None
             die()
         return {"charged": call["amount"], "id": call["id"]}
 
-    wf = ds.Workflow(
-        TURNS, store=KillingStore(store, crash), until=lambda s: s["turns"] >= PASSES
-    )
+    wf = ds.Workflow(TURNS, store=KillingStore(store, crash), until=lambda s: s["turns"] >= PASSES)
 
     @wf.step()
     def turn(state: dict[str, Any], ctx: ds.Context) -> None:

@@ -203,10 +203,10 @@ def ledger_keys(ledger: list[str], doubled: str | None) -> dict[str, str]:
         name, key = line.rsplit(":", 1)
         fired.setdefault(name, []).append(key)
     assert sorted(fired) == sorted(n for _, n in ORDER if n != "model")
-    for name, keys in fired.items():
-        assert len(keys) == (2 if name == doubled else 1), (name, keys)
-        assert len(set(keys)) == 1, f"{name} re-fired with another key: {keys}"
-    keys = {name: k[0] for name, k in fired.items()}
+    for name, seen in fired.items():
+        assert len(seen) == (2 if name == doubled else 1), (name, seen)
+        assert len(set(seen)) == 1, f"{name} re-fired with another key: {seen}"
+    keys = {name: seen[0] for name, seen in fired.items()}
     assert len(set(keys.values())) == len(keys), "two effects share a key"
     return keys
 
@@ -235,7 +235,7 @@ def test_sigkill_at_a_journal_boundary_then_rerun_matches_uncrashed_run(
     assert ([e["name"] for e in journal["open"]] if journal else []) == opened
     if journal is not None:
         assert (journal["step"], journal["iteration"]) == ("turn", it)
-    intent_key = journal["open"][0]["key"] if opened else None
+    intent_key = journal["open"][0]["key"] if journal and opened else None
     before = child.ledger_lines()
 
     final = child.finish(TURNS)
