@@ -5,8 +5,8 @@ Run it by path (it needs only the installed ``durable_steps``; the
 
     python tests/journalchild.py jrn-turns --store URL --run RUN_ID --log EXEC_LOG \
         --ledger LEDGER [--crash BOUNDARY:NAME:ITER]
-    python tests/journalchild.py jrn-gather --store URL --run RUN_ID --log EXEC_LOG \
-        [--kill-at-calls N]
+    python tests/journalchild.py jrn-gather|jrn-threads --store URL --run RUN_ID \
+        --log EXEC_LOG [--kill-at-calls N]
 
 ``--store`` is a store URL (S3 endpoint and credentials from the environment).
 
@@ -36,8 +36,10 @@ name (``model``, ``tool:t1-0``), ``turn`` for the commit boundaries:
 
 ``jrn-gather``: one async step making :data:`FANOUT`
 concurrent ``ctx.acall("tool:<i>", ...)`` through ``asyncio.gather``;
-``--kill-at-calls N`` dies right after the first head write that records
-the N-th result (group commit may record several in one write).
+``jrn-threads``: the same 50 calls made with ``ctx.call`` by :data:`WORKERS`
+threads inside one sync step, with the same final state. ``--kill-at-calls N``
+dies right after the first head write that records the N-th result (group
+commit may record several in one write).
 
 Write boundaries are found by :class:`KillingStore`, which decodes each head
 it is asked to write against the last one it saw (``journal["calls"]``,
@@ -53,6 +55,7 @@ import json
 import os
 import signal
 import sys
+import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -62,8 +65,10 @@ from durable_steps import _checkpoint as ckpt
 
 PASSES = 3
 FANOUT = 50
+WORKERS = 5
 TURNS = "jrn-turns"
 GATHER = "jrn-gather"
+THREADS = "jrn-threads"
 
 Crash = tuple[str, str, int]
 Boundary = tuple[str, str, int]
@@ -259,25 +264,61 @@ def gather_workflow(store: ds.Store, log: Path, kill_at_calls: int | None) -> ds
     return wf
 
 
+def threads_workflow(store: ds.Store, log: Path, kill_at_calls: int | None) -> ds.Workflow:
+    """The ``jrn-threads`` workflow on ``store`` (wrapped in a :class:`KillingStore`)."""
+
+    def tool(i: int) -> dict[str, int]:
+        append_line(log, f"tool:{i}")
+        return {"i": i, "square": i * i}
+
+    wf = ds.Workflow(THREADS, store=KillingStore(store, names=None, kill_at_calls=kill_at_calls))
+
+    @wf.step()
+    def fanout(state: dict[str, Any], ctx: ds.Context) -> None:
+        out: list[Any] = [None] * FANOUT
+
+        def worker(first: int) -> None:
+            for i in range(first, FANOUT, WORKERS):
+                out[i] = ctx.call(f"tool:{i}", tool, i)
+
+        threads = [threading.Thread(target=worker, args=(w,)) for w in range(WORKERS)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        state["out"] = out
+
+    return wf
+
+
+def fanout_workflow(workflow: str, store: ds.Store, log: Path, kill: int | None) -> ds.Workflow:
+    """``jrn-gather`` or ``jrn-threads``: the same 50 calls, the same final state."""
+    return (gather_workflow if workflow == GATHER else threads_workflow)(store, log, kill)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Parse arguments, run the chosen workflow, print its final state."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("workflow", choices=(TURNS, GATHER))
+    parser.add_argument("workflow", choices=(TURNS, GATHER, THREADS))
     parser.add_argument("--store", required=True, help="store URL")
     parser.add_argument("--run", required=True, help="run id")
     parser.add_argument("--log", required=True, type=Path, help="executions log")
     parser.add_argument("--ledger", type=Path, help="side-effect ledger (jrn-turns)")
     parser.add_argument("--crash", default=None, help="BOUNDARY:NAME:ITER (jrn-turns)")
-    parser.add_argument("--kill-at-calls", type=int, default=None, help="N (jrn-gather)")
+    parser.add_argument(
+        "--kill-at-calls", type=int, default=None, help="N (jrn-gather, jrn-threads)"
+    )
     args = parser.parse_args(argv)
     store = ds.open_store(args.store)
     try:
         if args.workflow == TURNS:
             wf = turns_workflow(store, args.log, args.ledger, parse_crash(args.crash))
             final = wf.run(args.run, initial_state())
-        else:
+        elif args.workflow == GATHER:
             wf = gather_workflow(store, args.log, args.kill_at_calls)
             final = asyncio.run(wf.arun(args.run, {}))
+        else:
+            final = threads_workflow(store, args.log, args.kill_at_calls).run(args.run, {})
     finally:
         store.close()
     print(json.dumps(final, sort_keys=True))

@@ -32,11 +32,12 @@ from tests.journalchild import (
     FANOUT,
     GATHER,
     PASSES,
+    THREADS,
     TURNS,
     Crash,
     KillingStore,
     call_names,
-    gather_workflow,
+    fanout_workflow,
     initial_state,
     read_lines,
     turns_workflow,
@@ -87,15 +88,15 @@ def reference_json(workflow: str) -> str:
         if workflow == TURNS:
             final = turns_workflow(ds.MemoryStore(), log, ledger, None).run("ref", initial_state())
         else:
-            final = drive_gather(gather_workflow(ds.MemoryStore(), log, None), "ref")
+            final = run_fanout(fanout_workflow(workflow, ds.MemoryStore(), log, None), "ref")
     return json.dumps(final, sort_keys=True)
 
 
-def drive_gather(wf: ds.Workflow, run_id: str) -> Any:
-    """Run the async ``gather`` workflow to its end."""
+def run_fanout(wf: ds.Workflow, run_id: str) -> Any:
+    """Run ``jrn-gather`` (async) or ``jrn-threads`` to its end."""
     import asyncio
 
-    return asyncio.run(wf.arun(run_id, {}))
+    return asyncio.run(wf.arun(run_id, {})) if wf.name == GATHER else wf.run(run_id, {})
 
 
 @dataclass
@@ -162,7 +163,7 @@ class Child:
             wf = turns_workflow(self.store, self.log, self.ledger, None)
             again = wf.run(RUN, initial_state())
         else:
-            again = drive_gather(gather_workflow(self.store, self.log, None), RUN)
+            again = run_fanout(fanout_workflow(workflow, self.store, self.log, None), RUN)
         assert json.dumps(again, sort_keys=True) == final
         assert self.execs() == execs
         assert self.ledger_lines() == ledger
@@ -261,18 +262,20 @@ def test_sigkill_at_a_journal_boundary_then_rerun_matches_uncrashed_run(
     child.assert_completed_and_inert(TURNS, final)
 
 
+@pytest.mark.parametrize("workflow", [GATHER, THREADS])
 @pytest.mark.parametrize("durable_target", _kinds(), indirect=True)
-def test_sigkill_among_50_gathered_acalls_then_rerun_calls_each_unrecorded_once(
-    child: Child,
+def test_sigkill_among_50_concurrent_calls_then_rerun_calls_each_unrecorded_once(
+    child: Child, workflow: str
 ) -> None:
-    """Killed once 25 of 50 gathered acalls are recorded: the rerun calls exactly the
-    names the journal did not hold, once each; only calls in flight at the kill ran twice.
+    """Killed once 25 of 50 concurrent calls (asyncio.gather of acalls; threads) are
+    recorded: the rerun calls exactly the names the journal did not hold, once each;
+    only the calls in flight at the kill (started, not recorded) ran twice.
     """
-    proc = child.run(GATHER, "--kill-at-calls", "25")
+    proc = child.run(workflow, "--kill-at-calls", "25")
     assert proc.returncode == KILLED, proc.stderr
-    header, _ = child.head(GATHER)
+    header, _ = child.head(workflow)
     assert header.journal is not None
-    held = child.recorded(GATHER)
+    held = child.recorded(workflow)
     assert header.journal["calls"] == len(held)
     assert 25 <= len(held) < FANOUT
     assert len(set(held)) == len(held)
@@ -280,7 +283,7 @@ def test_sigkill_among_50_gathered_acalls_then_rerun_calls_each_unrecorded_once(
     assert set(held) <= set(before)  # recorded means its fn ran
     assert len(set(before)) == len(before)
 
-    final = child.finish(GATHER)
+    final = child.finish(workflow)
 
     everything = {f"tool:{i}" for i in range(FANOUT)}
     rerun = child.execs()[len(before) :]
@@ -289,8 +292,8 @@ def test_sigkill_among_50_gathered_acalls_then_rerun_calls_each_unrecorded_once(
     assert set(counts) == everything
     assert {n for n, c in counts.items() if c == 2} == set(before) - set(held)
     assert max(counts.values()) <= 2
-    assert final == reference_json(GATHER)
-    child.assert_completed_and_inert(GATHER, final)
+    assert final == reference_json(workflow)
+    child.assert_completed_and_inert(workflow, final)
 
 
 def test_kill_points_are_distinct_head_writes(tmp_path: Path) -> None:
