@@ -5,8 +5,8 @@ Run it by path (it needs only the installed ``durable_steps``; the
 
     python tests/journalchild.py jrn-turns --store URL --run RUN_ID --log EXEC_LOG \
         --ledger LEDGER [--crash BOUNDARY:NAME:ITER]
-    python tests/journalchild.py jrn-gather|jrn-threads --store URL --run RUN_ID \
-        --log EXEC_LOG [--kill-at-calls N]
+    python tests/journalchild.py jrn-gather|jrn-effects|jrn-threads --store URL \
+        --run RUN_ID --log EXEC_LOG [--ledger LEDGER] [--kill-at-calls N]
 
 ``--store`` is a store URL (S3 endpoint and credentials from the environment).
 
@@ -36,8 +36,10 @@ name (``model``, ``tool:t1-0``), ``turn`` for the commit boundaries:
 
 ``jrn-gather``: one async step making :data:`FANOUT`
 concurrent ``ctx.acall("tool:<i>", ...)`` through ``asyncio.gather``;
-``jrn-threads``: the same 50 calls made with ``ctx.call`` by :data:`WORKERS`
-threads inside one sync step, with the same final state. ``--kill-at-calls N``
+``jrn-effects``: the same with ``ctx.aeffect``, each appending
+``tool:<i>:<key>`` to the ledger. ``jrn-threads``: the same 50 calls made
+with ``ctx.call`` by :data:`WORKERS` threads inside one sync step, with the
+same final state. ``--kill-at-calls N``
 dies right after the first head write that records the N-th result (group
 commit may record several in one write).
 
@@ -69,6 +71,7 @@ WORKERS = 5
 TURNS = "jrn-turns"
 GATHER = "jrn-gather"
 THREADS = "jrn-threads"
+EFFECTS = "jrn-effects"
 
 Crash = tuple[str, str, int]
 Boundary = tuple[str, str, int]
@@ -246,19 +249,40 @@ def turns_workflow(store: ds.Store, log: Path, ledger: Path, crash: Crash | None
     return wf
 
 
-def gather_workflow(store: ds.Store, log: Path, kill_at_calls: int | None) -> ds.Workflow:
-    """The ``gather`` workflow on ``store`` (wrapped in a :class:`KillingStore`)."""
+def spread(i: int) -> float:
+    """How long call ``i`` of 50 takes: 0-100 ms, out of order, so that the kill
+    finds calls started, finished and recorded in every mix."""
+    return 0.002 * (i * 7 % FANOUT)
+
+
+def gather_workflow(
+    store: ds.Store, log: Path, kill_at_calls: int | None, ledger: Path | None = None
+) -> ds.Workflow:
+    """``jrn-gather`` on ``store`` (wrapped in a :class:`KillingStore`); with a
+    ``ledger``, ``jrn-effects``: the same, each call an ``aeffect``.
+    """
 
     async def tool(i: int) -> dict[str, int]:
         append_line(log, f"tool:{i}")
-        await asyncio.sleep(0.001 * (i % 7))  # finish out of order, so writes interleave
+        await asyncio.sleep(spread(i))
         return {"i": i, "square": i * i}
 
-    wf = ds.Workflow(GATHER, store=KillingStore(store, names=None, kill_at_calls=kill_at_calls))
+    async def pay(i: int, idempotency_key: str) -> dict[str, int]:
+        append_line(log, f"tool:{i}")
+        await asyncio.sleep(spread(i))
+        assert ledger is not None
+        append_line(ledger, f"tool:{i}:{idempotency_key}")
+        return {"i": i, "square": i * i}
+
+    name = GATHER if ledger is None else EFFECTS
+    wf = ds.Workflow(name, store=KillingStore(store, names=None, kill_at_calls=kill_at_calls))
 
     @wf.step()
     async def fanout(state: dict[str, Any], ctx: ds.Context) -> None:
-        calls = (ctx.acall(f"tool:{i}", tool, i) for i in range(FANOUT))
+        if ledger is None:
+            calls = [ctx.acall(f"tool:{i}", tool, i) for i in range(FANOUT)]
+        else:
+            calls = [ctx.aeffect(f"tool:{i}", pay, i) for i in range(FANOUT)]
         state["out"] = await asyncio.gather(*calls)
 
     return wf
@@ -291,22 +315,26 @@ def threads_workflow(store: ds.Store, log: Path, kill_at_calls: int | None) -> d
     return wf
 
 
-def fanout_workflow(workflow: str, store: ds.Store, log: Path, kill: int | None) -> ds.Workflow:
-    """``jrn-gather`` or ``jrn-threads``: the same 50 calls, the same final state."""
-    return (gather_workflow if workflow == GATHER else threads_workflow)(store, log, kill)
+def fanout_workflow(
+    workflow: str, store: ds.Store, log: Path, ledger: Path, kill: int | None
+) -> ds.Workflow:
+    """``jrn-gather``, ``jrn-effects`` or ``jrn-threads``: 50 calls, one final state."""
+    if workflow == THREADS:
+        return threads_workflow(store, log, kill)
+    return gather_workflow(store, log, kill, ledger if workflow == EFFECTS else None)
 
 
 def main(argv: list[str] | None = None) -> int:
     """Parse arguments, run the chosen workflow, print its final state."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("workflow", choices=(TURNS, GATHER, THREADS))
+    parser.add_argument("workflow", choices=(TURNS, GATHER, EFFECTS, THREADS))
     parser.add_argument("--store", required=True, help="store URL")
     parser.add_argument("--run", required=True, help="run id")
     parser.add_argument("--log", required=True, type=Path, help="executions log")
-    parser.add_argument("--ledger", type=Path, help="side-effect ledger (jrn-turns)")
+    parser.add_argument("--ledger", type=Path, help="side-effect ledger (jrn-turns, jrn-effects)")
     parser.add_argument("--crash", default=None, help="BOUNDARY:NAME:ITER (jrn-turns)")
     parser.add_argument(
-        "--kill-at-calls", type=int, default=None, help="N (jrn-gather, jrn-threads)"
+        "--kill-at-calls", type=int, default=None, help="N (jrn-gather, jrn-effects, jrn-threads)"
     )
     args = parser.parse_args(argv)
     store = ds.open_store(args.store)
@@ -314,11 +342,11 @@ def main(argv: list[str] | None = None) -> int:
         if args.workflow == TURNS:
             wf = turns_workflow(store, args.log, args.ledger, parse_crash(args.crash))
             final = wf.run(args.run, initial_state())
-        elif args.workflow == GATHER:
-            wf = gather_workflow(store, args.log, args.kill_at_calls)
-            final = asyncio.run(wf.arun(args.run, {}))
         else:
-            final = threads_workflow(store, args.log, args.kill_at_calls).run(args.run, {})
+            wf = fanout_workflow(args.workflow, store, args.log, args.ledger, args.kill_at_calls)
+            final = (
+                asyncio.run(wf.arun(args.run, {})) if wf.steps[0].is_async else wf.run(args.run, {})
+            )
     finally:
         store.close()
     print(json.dumps(final, sort_keys=True))

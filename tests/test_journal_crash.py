@@ -29,6 +29,7 @@ from durable_steps._drivers import drive_sync
 from durable_steps._format2 import load_state
 from tests.conftest import S3_KINDS, StoreTarget
 from tests.journalchild import (
+    EFFECTS,
     FANOUT,
     GATHER,
     PASSES,
@@ -88,15 +89,16 @@ def reference_json(workflow: str) -> str:
         if workflow == TURNS:
             final = turns_workflow(ds.MemoryStore(), log, ledger, None).run("ref", initial_state())
         else:
-            final = run_fanout(fanout_workflow(workflow, ds.MemoryStore(), log, None), "ref")
+            wf = fanout_workflow(workflow, ds.MemoryStore(), log, ledger, None)
+            final = run_fanout(wf, "ref")
     return json.dumps(final, sort_keys=True)
 
 
 def run_fanout(wf: ds.Workflow, run_id: str) -> Any:
-    """Run ``jrn-gather`` (async) or ``jrn-threads`` to its end."""
+    """Run ``jrn-gather``, ``jrn-effects`` (async) or ``jrn-threads`` to its end."""
     import asyncio
 
-    return asyncio.run(wf.arun(run_id, {})) if wf.name == GATHER else wf.run(run_id, {})
+    return asyncio.run(wf.arun(run_id, {})) if wf.steps[0].is_async else wf.run(run_id, {})
 
 
 @dataclass
@@ -163,7 +165,8 @@ class Child:
             wf = turns_workflow(self.store, self.log, self.ledger, None)
             again = wf.run(RUN, initial_state())
         else:
-            again = run_fanout(fanout_workflow(workflow, self.store, self.log, None), RUN)
+            wf = fanout_workflow(workflow, self.store, self.log, self.ledger, None)
+            again = run_fanout(wf, RUN)
         assert json.dumps(again, sort_keys=True) == final
         assert self.execs() == execs
         assert self.ledger_lines() == ledger
@@ -294,6 +297,46 @@ def test_sigkill_among_50_concurrent_calls_then_rerun_calls_each_unrecorded_once
     assert max(counts.values()) <= 2
     assert final == reference_json(workflow)
     child.assert_completed_and_inert(workflow, final)
+
+
+@pytest.mark.parametrize("durable_target", _kinds(), indirect=True)
+def test_sigkill_among_50_gathered_aeffects_then_rerun_refires_only_open_ones(
+    child: Child,
+) -> None:
+    """Killed once 25 of 50 gathered aeffects are recorded: every effect that had fired
+    had its intent durable; the rerun re-fires exactly the fired-but-unrecorded ones,
+    each under the key its intent holds, and fires the rest once.
+    """
+    proc = child.run(EFFECTS, "--kill-at-calls", "25")
+    assert proc.returncode == KILLED, proc.stderr
+    header, _ = child.head(EFFECTS)
+    assert header.journal is not None
+    held = set(child.recorded(EFFECTS))
+    opened = {e["name"]: e["key"] for e in header.journal["open"]}
+    assert len(held) >= 25
+    assert not held & set(opened)
+    started = set(child.execs())
+    fired = {line.rsplit(":", 1)[0] for line in child.ledger_lines()}
+    assert held <= fired
+    assert started <= held | set(opened)  # no fn started before its intent was durable
+    nonce = header.run_nonce
+    assert opened == {n: ckpt.effect_key(nonce, 0, "fanout", n) for n in opened}
+
+    final = child.finish(EFFECTS)
+
+    everything = {f"tool:{i}" for i in range(FANOUT)}
+    by_name: dict[str, list[str]] = {}
+    for line in child.ledger_lines():
+        name, key = line.rsplit(":", 1)
+        by_name.setdefault(name, []).append(key)
+    assert set(by_name) == everything
+    assert {n for n, keys in by_name.items() if len(keys) == 2} == fired - held
+    assert all(
+        keys == [ckpt.effect_key(nonce, 0, "fanout", n)] * len(keys) for n, keys in by_name.items()
+    )
+    assert max(len(keys) for keys in by_name.values()) <= 2
+    assert final == reference_json(EFFECTS)
+    child.assert_completed_and_inert(EFFECTS, final)
 
 
 def test_kill_points_are_distinct_head_writes(tmp_path: Path) -> None:
