@@ -34,6 +34,9 @@ name (``model``, ``tool:t1-0``), ``turn`` for the commit boundaries:
 ``before-commit:turn:I`` / ``after-commit:turn:I``
     around the write that commits pass I.
 
+``--in-doubt raise`` gives ``turn`` ``in_doubt="raise"``: a ``StepInDoubt``
+exits with status 3 and the message on stderr.
+
 ``jrn-gather``: one async step making :data:`FANOUT`
 concurrent ``ctx.acall("tool:<i>", ...)`` through ``asyncio.gather``;
 ``jrn-effects``: the same with ``ctx.aeffect``, each appending
@@ -68,6 +71,7 @@ from durable_steps import _checkpoint as ckpt
 PASSES = 3
 FANOUT = 50
 WORKERS = 5
+EXIT_IN_DOUBT = 3
 TURNS = "jrn-turns"
 GATHER = "jrn-gather"
 THREADS = "jrn-threads"
@@ -212,8 +216,12 @@ class KillingStore:
         self.inner.close()
 
 
-def turns_workflow(store: ds.Store, log: Path, ledger: Path, crash: Crash | None) -> ds.Workflow:
-    """The ``turns`` workflow on ``store`` (wrapped in a :class:`KillingStore`)."""
+def turns_workflow(
+    store: ds.Store, log: Path, ledger: Path, crash: Crash | None, *, in_doubt: str = "refire"
+) -> ds.Workflow:
+    """``jrn-turns`` on ``store`` (wrapped in a :class:`KillingStore`); ``in_doubt``
+    is the step's policy for an effect in doubt.
+    """
 
     def model(iteration: int, seen: int) -> dict[str, Any]:
         append_line(log, f"model:{iteration}")
@@ -233,7 +241,7 @@ def turns_workflow(store: ds.Store, log: Path, ledger: Path, crash: Crash | None
 
     wf = ds.Workflow(TURNS, store=KillingStore(store, crash), until=lambda s: s["turns"] >= PASSES)
 
-    @wf.step()
+    @wf.step(in_doubt=in_doubt)  # type: ignore[arg-type]
     def turn(state: dict[str, Any], ctx: ds.Context) -> None:
         reply = ctx.call("model", model, ctx.iteration, len(state["messages"]))
         ids = [c["id"] for c in reply["tool_calls"]]
@@ -336,17 +344,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--kill-at-calls", type=int, default=None, help="N (jrn-gather, jrn-effects, jrn-threads)"
     )
+    parser.add_argument("--in-doubt", default="refire", choices=("refire", "raise"))
     args = parser.parse_args(argv)
     store = ds.open_store(args.store)
     try:
         if args.workflow == TURNS:
-            wf = turns_workflow(store, args.log, args.ledger, parse_crash(args.crash))
+            crash = parse_crash(args.crash)
+            wf = turns_workflow(store, args.log, args.ledger, crash, in_doubt=args.in_doubt)
             final = wf.run(args.run, initial_state())
         else:
             wf = fanout_workflow(args.workflow, store, args.log, args.ledger, args.kill_at_calls)
             final = (
                 asyncio.run(wf.arun(args.run, {})) if wf.steps[0].is_async else wf.run(args.run, {})
             )
+    except ds.StepInDoubt as exc:
+        print(f"StepInDoubt: {exc}", file=sys.stderr)
+        return EXIT_IN_DOUBT
     finally:
         store.close()
     print(json.dumps(final, sort_keys=True))

@@ -30,6 +30,7 @@ from durable_steps._format2 import load_state
 from tests.conftest import S3_KINDS, StoreTarget
 from tests.journalchild import (
     EFFECTS,
+    EXIT_IN_DOUBT,
     FANOUT,
     GATHER,
     PASSES,
@@ -337,6 +338,43 @@ def test_sigkill_among_50_gathered_aeffects_then_rerun_refires_only_open_ones(
     assert max(len(keys) for keys in by_name.values()) <= 2
     assert final == reference_json(EFFECTS)
     child.assert_completed_and_inert(EFFECTS, final)
+
+
+@pytest.mark.parametrize("durable_target", _kinds(), indirect=True)
+def test_in_doubt_raise_names_the_killed_effect_and_resolve_settles_it(child: Child) -> None:
+    """in_doubt="raise", killed inside an effect: the rerun stops with StepInDoubt naming
+    the effect and its key and calls nothing; resolve(fired=True) lets the run complete
+    without charging again, the recorded calls before it still replayed.
+    """
+    crash = ("inside", "tool:t1-1", 1)
+    raising = ("--in-doubt", "raise")
+    assert child.run(TURNS, "--crash", ":".join(map(str, crash)), *raising).returncode == KILLED
+    (line,) = [x for x in child.ledger_lines() if x.startswith("tool:t1-1:")]
+    key = line.rsplit(":", 1)[1]
+    execs = child.execs()
+
+    proc = child.run(TURNS, *raising)
+    assert proc.returncode == EXIT_IN_DOUBT, proc.stderr
+    assert "tool:t1-1" in proc.stderr
+    assert key in proc.stderr
+    header, _ = child.head(TURNS)
+    assert header.status == "in_doubt"
+    assert child.execs() == execs  # nothing called, not even the model
+
+    turns_workflow(child.store, child.log, child.ledger, None).resolve(RUN, fired=True)
+    final = json.loads(child.finish(TURNS))
+
+    ledger_keys(child.ledger_lines(), doubled=None)  # charged once, under its key
+    assert Counter(child.execs())["model:1"] == 1
+    assert Counter(child.execs())["tool:t1-1"] == 1
+    # The effect counted as done without a result: its message holds None, and
+    # nothing else differs from an uncrashed run.
+    reference = json.loads(reference_json(TURNS))
+    for message in reference["messages"]:
+        if message.get("id") == "t1-1":
+            message["content"] = None
+    assert final == reference
+    child.assert_completed_and_inert(TURNS, json.dumps(final, sort_keys=True))
 
 
 def test_kill_points_are_distinct_head_writes(tmp_path: Path) -> None:
