@@ -35,7 +35,8 @@ name (``model``, ``tool:t1-0``), ``turn`` for the commit boundaries:
     around the write that commits pass I.
 
 ``--in-doubt raise`` gives ``turn`` ``in_doubt="raise"``: a ``StepInDoubt``
-exits with status 3 and the message on stderr.
+exits with status 3 and the message on stderr. ``--format1`` writes the run
+in format 1 (a custom serializer), whose journal rides in the header.
 
 ``jrn-gather``: one async step making :data:`FANOUT`
 concurrent ``ctx.acall("tool:<i>", ...)`` through ``asyncio.gather``;
@@ -216,11 +217,24 @@ class KillingStore:
         self.inner.close()
 
 
+class Format1JSON(ds.JSONSerializer):
+    """JSON under another name: a custom serializer, so runs are written in format 1
+    (the journal's results then ride in the header)."""
+
+    name = "json-format1"
+
+
 def turns_workflow(
-    store: ds.Store, log: Path, ledger: Path, crash: Crash | None, *, in_doubt: str = "refire"
+    store: ds.Store,
+    log: Path,
+    ledger: Path,
+    crash: Crash | None,
+    *,
+    in_doubt: str = "refire",
+    format1: bool = False,
 ) -> ds.Workflow:
     """``jrn-turns`` on ``store`` (wrapped in a :class:`KillingStore`); ``in_doubt``
-    is the step's policy for an effect in doubt.
+    is the step's policy for an effect in doubt; ``format1`` writes format 1.
     """
 
     def model(iteration: int, seen: int) -> dict[str, Any]:
@@ -239,7 +253,12 @@ def turns_workflow(
             die()
         return {"charged": call["amount"], "id": call["id"]}
 
-    wf = ds.Workflow(TURNS, store=KillingStore(store, crash), until=lambda s: s["turns"] >= PASSES)
+    wf = ds.Workflow(
+        TURNS,
+        store=KillingStore(store, crash),
+        until=lambda s: s["turns"] >= PASSES,
+        serializer=Format1JSON() if format1 else "json",
+    )
 
     @wf.step(in_doubt=in_doubt)  # type: ignore[arg-type]
     def turn(state: dict[str, Any], ctx: ds.Context) -> None:
@@ -345,12 +364,15 @@ def main(argv: list[str] | None = None) -> int:
         "--kill-at-calls", type=int, default=None, help="N (jrn-gather, jrn-effects, jrn-threads)"
     )
     parser.add_argument("--in-doubt", default="refire", choices=("refire", "raise"))
+    parser.add_argument("--format1", action="store_true", help="write format 1 (jrn-turns)")
     args = parser.parse_args(argv)
     store = ds.open_store(args.store)
     try:
         if args.workflow == TURNS:
             crash = parse_crash(args.crash)
-            wf = turns_workflow(store, args.log, args.ledger, crash, in_doubt=args.in_doubt)
+            wf = turns_workflow(
+                store, args.log, args.ledger, crash, in_doubt=args.in_doubt, format1=args.format1
+            )
             final = wf.run(args.run, initial_state())
         else:
             wf = fanout_workflow(args.workflow, store, args.log, args.ledger, args.kill_at_calls)

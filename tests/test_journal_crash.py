@@ -129,9 +129,9 @@ class Child:
             check=False,
         )
 
-    def finish(self, workflow: str) -> str:
+    def finish(self, workflow: str, *extra: str) -> str:
         """Rerun without a crash; the final state's JSON the child printed."""
-        proc = self.run(workflow)
+        proc = self.run(workflow, *extra)
         assert proc.returncode == 0, proc.stderr
         return proc.stdout.strip()
 
@@ -156,14 +156,16 @@ class Child:
         """The ledger: every charge that landed, ``tool:<id>:<key>``."""
         return read_lines(self.ledger)
 
-    def assert_completed_and_inert(self, workflow: str, final: str) -> None:
+    def assert_completed_and_inert(
+        self, workflow: str, final: str, *, format1: bool = False
+    ) -> None:
         """The run is completed with no journal; a third run returns ``final``, calls nothing."""
         header, _ = self.head(workflow)
         assert header.status == "completed"
         assert header.journal is None
         execs, ledger = self.execs(), self.ledger_lines()
         if workflow == TURNS:
-            wf = turns_workflow(self.store, self.log, self.ledger, None)
+            wf = turns_workflow(self.store, self.log, self.ledger, None, format1=format1)
             again = wf.run(RUN, initial_state())
         else:
             wf = fanout_workflow(workflow, self.store, self.log, self.ledger, None)
@@ -225,8 +227,28 @@ def test_sigkill_at_a_journal_boundary_then_rerun_matches_uncrashed_run(
     ledger under one key (twice only for the one in flight, same key), the final
     state is byte-equal to an uncrashed run's, and a third run calls nothing.
     """
+    check_kill_and_rerun(child, crash)
+
+
+FORMAT1_CRASHES = [c for c in TURN_CRASHES if c[0] in ("before-record", "inside", "after-record")]
+
+
+@pytest.mark.parametrize("crash", FORMAT1_CRASHES, ids=lambda c: ":".join(map(str, c)))
+@pytest.mark.parametrize("durable_target", ["local"], indirect=True)
+def test_sigkill_of_a_format_1_run_keeps_its_journal_in_the_header(
+    child: Child, crash: Crash
+) -> None:
+    """A format-1 run (custom serializer) killed at a journal boundary resumes just
+    the same: its results, kept in the header, replay; the in-flight call alone reruns.
+    """
+    check_kill_and_rerun(child, crash, "--format1")
+    assert child.head(TURNS)[0].format == 1
+
+
+def check_kill_and_rerun(child: Child, crash: Crash, *extra: str) -> None:
+    """Kill the child at ``crash``, rerun it (both with ``extra``), check everything."""
     boundary, name, it = crash
-    proc = child.run(TURNS, "--crash", ":".join(map(str, crash)))
+    proc = child.run(TURNS, "--crash", ":".join(map(str, crash)), *extra)
     assert proc.returncode == KILLED, proc.stderr
 
     # What the kill left: the fns before it ran; the head holds exactly the
@@ -243,7 +265,7 @@ def test_sigkill_at_a_journal_boundary_then_rerun_matches_uncrashed_run(
     intent_key = journal["open"][0]["key"] if journal and opened else None
     before = child.ledger_lines()
 
-    final = child.finish(TURNS)
+    final = child.finish(TURNS, *extra)
 
     # The rerun called exactly what was not recorded, from there on; a call
     # runs twice only if its fn had run and its record had not landed.
@@ -263,7 +285,7 @@ def test_sigkill_at_a_journal_boundary_then_rerun_matches_uncrashed_run(
     assert keys == {n: ckpt.effect_key(nonce, i, "turn", n) for i, n in ORDER if n != "model"}
     # Byte-equal to an uncrashed run; completed; a third run calls nothing.
     assert final == reference_json(TURNS)
-    child.assert_completed_and_inert(TURNS, final)
+    child.assert_completed_and_inert(TURNS, final, format1="--format1" in extra)
 
 
 @pytest.mark.parametrize("workflow", [GATHER, THREADS])
