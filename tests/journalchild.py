@@ -37,6 +37,7 @@ name (``model``, ``tool:t1-0``), ``turn`` for the commit boundaries:
 ``--in-doubt raise`` gives ``turn`` ``in_doubt="raise"``: a ``StepInDoubt``
 exits with status 3 and the message on stderr. ``--format1`` writes the run
 in format 1 (a custom serializer), whose journal rides in the header.
+``--stop`` makes the crash a SIGSTOP: the process freezes there, alive.
 
 ``jrn-gather``: one async step making :data:`FANOUT`
 concurrent ``ctx.acall("tool:<i>", ...)`` through ``asyncio.gather``;
@@ -83,9 +84,14 @@ Boundary = tuple[str, str, int]
 """``(kind, name, iteration)`` of a head write: create, record, intent, commit, other."""
 
 
+STOP = {"signal": signal.SIGKILL}
+"""What :func:`die` sends: ``--stop`` makes it SIGSTOP (paused, not dead)."""
+
+
 def die() -> None:
-    """Die the hard way: no cleanup, no flushing, no exception handlers."""
-    os.kill(os.getpid(), signal.SIGKILL)
+    """Die the hard way: no cleanup, no flushing, no exception handlers (or, with
+    ``--stop``, freeze right here until SIGCONT)."""
+    os.kill(os.getpid(), STOP["signal"])
 
 
 def append_line(path: Path, line: str) -> None:
@@ -365,7 +371,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--in-doubt", default="refire", choices=("refire", "raise"))
     parser.add_argument("--format1", action="store_true", help="write format 1 (jrn-turns)")
+    parser.add_argument("--stop", action="store_true", help="SIGSTOP instead of SIGKILL")
     args = parser.parse_args(argv)
+    if args.stop:
+        STOP["signal"] = signal.SIGSTOP
     store = ds.open_store(args.store)
     try:
         if args.workflow == TURNS:

@@ -5,7 +5,10 @@ server (SeaweedFS, moto), killed at one boundary of a journaled call; reruns
 it to completion in a second child; then checks what really happened against
 the child's executions log (every fn call), its ledger (what the "payment
 API" saw, with keys), the head the kill left, and an uncrashed run's final
-state. One crashed run and one rerun per kill point per store.
+state. One crashed run and one rerun per kill point per store. Also: 50
+concurrent calls (gathered acalls and aeffects, threads) killed mid-way,
+``in_doubt="raise"`` after a kill, a format-1 run, and an owner SIGSTOPped
+mid-step and taken over.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ import json
 import signal
 import subprocess
 import sys
+import time
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -397,6 +401,64 @@ def test_in_doubt_raise_names_the_killed_effect_and_resolve_settles_it(child: Ch
             message["content"] = None
     assert final == reference
     child.assert_completed_and_inert(TURNS, json.dumps(final, sort_keys=True))
+
+
+def stopped(pid: int) -> bool:
+    """Whether process ``pid`` is stopped (SIGSTOP), from /proc."""
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    return stat.rsplit(")", 1)[1].split()[0] == "T"
+
+
+@pytest.mark.parametrize(
+    "durable_target", ["local", pytest.param("seaweedfs", marks=pytest.mark.s3)], indirect=True
+)
+def test_a_paused_owner_taken_over_mid_step_records_and_fires_nothing_more(
+    child: Child,
+) -> None:
+    """An owner SIGSTOPped between two effects and taken over: the new owner replays its
+    records and finishes; resumed, the old owner fails on its next write without firing
+    the next effect, so every effect reached the ledger once.
+    """
+    crash = ("between", "tool:t1-0", 1)
+    cmd = [sys.executable, str(CHILD), TURNS, "--store", child.target.url, "--run", RUN]
+    cmd += ["--log", str(child.log), "--ledger", str(child.ledger), "--stop"]
+    cmd += ["--crash", ":".join(map(str, crash))]
+    paused = subprocess.Popen(
+        cmd,
+        env=child.target.child_env(),
+        cwd=child.tmp,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while not stopped(paused.pid):
+            assert paused.poll() is None, paused.communicate()
+            assert time.monotonic() < deadline, "the child never reached its stop"
+            time.sleep(0.05)
+        execs = child.execs()
+        assert execs[-1] == "tool:t1-0"
+
+        wf = turns_workflow(child.store, child.log, child.ledger, None)
+        final = json.dumps(wf.run(RUN, initial_state(), takeover=True), sort_keys=True)
+        assert child.execs()[: len(execs)] == execs
+        assert "model:1" not in child.execs()[len(execs) :]  # replayed, not called
+        assert "tool:t1-0" not in child.execs()[len(execs) :]
+        after_takeover = (child.execs(), child.ledger_lines())
+
+        paused.send_signal(signal.SIGCONT)
+        _, err = paused.communicate(timeout=60)
+    finally:
+        if paused.poll() is None:
+            paused.kill()
+            paused.wait()
+    assert paused.returncode != 0
+    assert "CheckpointConflict" in err or "conflict" in err.lower(), err
+    assert (child.execs(), child.ledger_lines()) == after_takeover  # it fired nothing more
+    ledger_keys(child.ledger_lines(), doubled=None)
+    assert final == reference_json(TURNS)
+    child.assert_completed_and_inert(TURNS, final)
 
 
 def test_kill_points_are_distinct_head_writes(tmp_path: Path) -> None:
