@@ -227,10 +227,7 @@ def ledger_keys(ledger: list[str], doubled: str | None) -> dict[str, str]:
 def test_sigkill_at_a_journal_boundary_then_rerun_matches_uncrashed_run(
     child: Child, crash: Crash
 ) -> None:
-    """Killed at this boundary, then rerun: finished calls ran once, each effect hit the
-    ledger under one key (twice only for the one in flight, same key), the final
-    state is byte-equal to an uncrashed run's, and a third run calls nothing.
-    """
+    """Killed here and rerun: calls ran once, one key per effect, final state byte-equal."""
     check_kill_and_rerun(child, crash)
 
 
@@ -242,9 +239,7 @@ FORMAT1_CRASHES = [c for c in TURN_CRASHES if c[0] in ("before-record", "inside"
 def test_sigkill_of_a_format_1_run_keeps_its_journal_in_the_header(
     child: Child, crash: Crash
 ) -> None:
-    """A format-1 run (custom serializer) killed at a journal boundary resumes just
-    the same: its results, kept in the header, replay; the in-flight call alone reruns.
-    """
+    """A format-1 run (journal in the header) killed here resumes just the same."""
     check_kill_and_rerun(child, crash, "--format1")
     assert child.head(TURNS)[0].format == 1
 
@@ -297,10 +292,7 @@ def check_kill_and_rerun(child: Child, crash: Crash, *extra: str) -> None:
 def test_sigkill_among_50_concurrent_calls_then_rerun_calls_each_unrecorded_once(
     child: Child, workflow: str
 ) -> None:
-    """Killed once 25 of 50 concurrent calls (asyncio.gather of acalls; threads) are
-    recorded: the rerun calls exactly the names the journal did not hold, once each;
-    only the calls in flight at the kill (started, not recorded) ran twice.
-    """
+    """Killed at 25 of 50 concurrent calls: the rerun calls exactly the unrecorded ones."""
     proc = child.run(workflow, "--kill-at-calls", "25")
     assert proc.returncode == KILLED, proc.stderr
     header, _ = child.head(workflow)
@@ -330,10 +322,7 @@ def test_sigkill_among_50_concurrent_calls_then_rerun_calls_each_unrecorded_once
 def test_sigkill_among_50_gathered_aeffects_then_rerun_refires_only_open_ones(
     child: Child,
 ) -> None:
-    """Killed once 25 of 50 gathered aeffects are recorded: every effect that had fired
-    had its intent durable; the rerun re-fires exactly the fired-but-unrecorded ones,
-    each under the key its intent holds, and fires the rest once.
-    """
+    """Killed among 50 aeffects: each fired one had a durable intent; only they re-fire."""
     proc = child.run(EFFECTS, "--kill-at-calls", "25")
     assert proc.returncode == KILLED, proc.stderr
     header, _ = child.head(EFFECTS)
@@ -368,10 +357,7 @@ def test_sigkill_among_50_gathered_aeffects_then_rerun_refires_only_open_ones(
 
 @pytest.mark.parametrize("durable_target", _kinds(), indirect=True)
 def test_in_doubt_raise_names_the_killed_effect_and_resolve_settles_it(child: Child) -> None:
-    """in_doubt="raise", killed inside an effect: the rerun stops with StepInDoubt naming
-    the effect and its key and calls nothing; resolve(fired=True) lets the run complete
-    without charging again, the recorded calls before it still replayed.
-    """
+    """in_doubt="raise" after a kill in an effect names it; resolve(fired=True) ends it."""
     crash = ("inside", "tool:t1-1", 1)
     raising = ("--in-doubt", "raise")
     assert child.run(TURNS, "--crash", ":".join(map(str, crash)), *raising).returncode == KILLED
@@ -415,10 +401,7 @@ def stopped(pid: int) -> bool:
 def test_a_paused_owner_taken_over_mid_step_records_and_fires_nothing_more(
     child: Child,
 ) -> None:
-    """An owner SIGSTOPped between two effects and taken over: the new owner replays its
-    records and finishes; resumed, the old owner fails on its next write without firing
-    the next effect, so every effect reached the ledger once.
-    """
+    """An owner paused mid-step and taken over fires nothing more when it wakes."""
     crash = ("between", "tool:t1-0", 1)
     cmd = [sys.executable, str(CHILD), TURNS, "--store", child.target.url, "--run", RUN]
     cmd += ["--log", str(child.log), "--ledger", str(child.ledger), "--stop"]
@@ -462,9 +445,7 @@ def test_a_paused_owner_taken_over_mid_step_records_and_fires_nothing_more(
 
 
 def test_kill_points_are_distinct_head_writes(tmp_path: Path) -> None:
-    """The child's KillingStore names every call's record and every effect's intent
-    once, in call order, and each pass's commit, in an uncrashed run.
-    """
+    """The child's KillingStore names each record, intent and commit once, in order."""
     seen: list[tuple[str, str, int]] = []
 
     class Recorder(KillingStore):

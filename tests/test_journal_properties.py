@@ -281,7 +281,5 @@ def crash_and_resume(spec: Spec, faults: list[tuple[str, int]]) -> None:
 def test_random_calls_and_crashes_replay_first_results_under_stable_keys(
     scenario: tuple[Spec, list[tuple[str, int]]],
 ) -> None:
-    """Random steps of calls and effects, crashed anywhere any number of times: every
-    replay returns the first recorded result, no recorded call runs again, and each
-    effect keeps one key, distinct per (pass, step, name)."""
+    """Random calls, effects and crashes: replays equal first results; keys stable, distinct."""
     crash_and_resume(*scenario)
