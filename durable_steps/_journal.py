@@ -422,6 +422,15 @@ class Journal:
                 [n, r.kind, r.key, base64.b64encode(r.blob).decode()] for n, r in results.items()
             ]
         with run.lock:
+            if self.closed:  # the step returned, so it may have committed: this head is not ours
+                raise DefinitionError(
+                    f"run {run.name}: step {self.step!r} returned while "
+                    f"{', '.join(repr(c.name) for c in batch)} was still under way (in a thread "
+                    "or task the step left running); it was not recorded. Wait for every call "
+                    "before the step returns.",
+                    run=run.name,
+                    step=self.step,
+                )
             if self.lost:
                 raise run.conflict(self.step)
             tail = run.payload
@@ -442,8 +451,8 @@ class Journal:
         of it (the same care the runner takes before a non-idempotent step).
         """
         run = self.run
-        if run.owner.remaining() >= run.plan.lease / 3:
-            return
+        if self.closed or run.owner.remaining() >= run.plan.lease / 3:
+            return  # (closed: the effect's result will be refused, see _write)
         with run.lock:
             header = run.header.evolve(status="running")
             try:

@@ -467,3 +467,43 @@ def test_state_of_a_journaled_run_is_readable_by_the_test_tools(tmp_path: Path) 
     wf.run("r")
     key = ckpt.checkpoint_key("clean", "r")
     assert committed(wf.store, key)[1] == {"x": {"big": "y" * 5000}}
+
+
+def test_a_call_left_running_by_its_step_cannot_write_after_the_commit(tmp_path: Path) -> None:
+    """A ctx.call a step left running in a thread, finishing after the step committed, is
+    refused with DefinitionError: the completed run's checkpoint stays as committed.
+    """
+    started, release = threading.Event(), threading.Event()
+    errors: list[BaseException] = []
+    wf = ds.Workflow("stray", store=tmp_path)
+
+    def slow() -> int:
+        started.set()
+        release.wait(10)
+        return 1
+
+    def stray(ctx: ds.Context) -> None:
+        try:
+            ctx.call("late", slow)
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads: list[threading.Thread] = []
+
+    @wf.step()
+    def act(state: dict[str, Any], ctx: ds.Context) -> None:
+        threads.append(threading.Thread(target=stray, args=(ctx,)))
+        threads[0].start()
+        started.wait(10)  # the call is under way: it passed every check made at its start
+        state["x"] = 1
+
+    assert wf.run("r") == {"x": 1}
+    release.set()
+    threads[0].join(10)
+    assert len(errors) == 1
+    assert isinstance(errors[0], ds.DefinitionError)
+    assert "'late'" in str(errors[0])
+    head = header_of(wf.store, "stray", "r")
+    assert head.status == "completed"
+    assert head.journal is None
+    assert wf.run("r") == {"x": 1}

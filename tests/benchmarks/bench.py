@@ -3,7 +3,7 @@
 Run it as a script (it is not a test; ``conftest.py`` here keeps pytest out)::
 
     .venv/bin/python tests/benchmarks/bench.py [--quick] [--json PATH] [--profile]
-        [--only overhead,budget,growth,recovery,heartbeat,resume,memory,breakdown]
+        [--only overhead,budget,growth,recovery,heartbeat,resume,memory,breakdown,calls]
         [--dir DIR] [--no-s3] [--strict]
 
 About 4.5 minutes on 2 cores with format 1 (``--quick``: about a minute).
@@ -68,6 +68,9 @@ summary (always printed)
 breakdown
     Where a step's time goes, component by component, without a profiler;
     ``--profile`` adds cProfile's top functions per store and state size.
+calls
+    Requests, bytes and time per ``ctx.call`` and per ``ctx.effect``, locally
+    and on SeaweedFS, next to the cost per step (see ``bench_calls.py``).
 """
 
 from __future__ import annotations
@@ -97,6 +100,7 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 sys.path[:0] = [str(ROOT), str(HERE)]
 
+import bench_calls  # noqa: E402
 import bench_child as child  # noqa: E402
 
 import durable_steps as ds  # noqa: E402
@@ -119,6 +123,7 @@ SECTIONS = (
     "resume",
     "memory",
     "breakdown",
+    "calls",
 )
 
 # (rounds, steps per round) for each state size
@@ -1577,6 +1582,11 @@ def main(argv: list[str] | None = None) -> int:
         if "breakdown" in sections:
             report["breakdown"], t = bench_breakdown(backends)
             done("breakdown", t)
+        if "calls" in sections:
+            report["calls"], t = bench_calls.bench_calls(
+                [local, *seaweed], mode, counting=CountingStore, table=table, human=human, us=us
+            )
+            done("calls", t)
         if args.profile:
             texts.append(profile_stores(backends))
     report["summary"], t = summary(report)
