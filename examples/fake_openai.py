@@ -171,6 +171,9 @@ class FakeOpenAIServer(ThreadingHTTPServer):
     """The HTTP server: routes to :func:`complete` and counts what it served."""
 
     daemon_threads = True
+    # socketserver's default backlog of 5 resets connections when an agent
+    # fires dozens of requests at once (asyncio.gather over tool calls).
+    request_queue_size = 128
 
     def __init__(self, address: tuple[str, int], *, verbose: bool = False) -> None:
         super().__init__(address, _Handler)

@@ -120,11 +120,11 @@ def _request(
 
 
 def list_objects(
-    base_url: str, resource: str, stripe_account: str | None = None
+    base_url: str, resource: str, stripe_account: str | None = None, *, page_size: int = 100
 ) -> list[dict[str, Any]]:
     """Every object of ``resource`` (e.g. ``"charges"``), newest first, all pages."""
     found: list[dict[str, Any]] = []
-    params = {"limit": "100"}
+    params = {"limit": str(page_size)}
     while True:
         page = _request(base_url, "GET", f"/v1/{resource}", params, stripe_account)
         found.extend(page["data"])
