@@ -21,6 +21,10 @@ The script, looking only at the messages after the last user message:
    order the customer means.
 2. Tool results present: answer in text, quoting each tool's result.
 
+Like the real API it rejects (400) a transcript in which an assistant's tool
+calls are not each answered by exactly one ``tool`` message, so an agent that
+loses or repeats a tool result on resume fails here too.
+
 Importable too: :func:`complete` is the script (a request body in, a
 completion out) and :func:`make_server` builds the HTTP server without
 starting it. Standard library only.
@@ -103,7 +107,39 @@ def _validate(body: Any) -> tuple[str, list[dict[str, Any]]]:
         raise RequestError(400, "every message must be an object with a 'role'", "messages")
     if body.get("stream"):
         raise RequestError(400, "this fake server does not stream: leave 'stream' unset", "stream")
+    _check_tool_replies(messages)
     return model, messages
+
+
+def _check_tool_replies(messages: list[dict[str, Any]]) -> None:
+    """Reject a transcript whose tool calls and tool messages do not pair up, as OpenAI does.
+
+    An agent resumed after a crash that lost (or doubled) a tool result must
+    fail here just as it would against the real API.
+    """
+    open_calls: list[str] = []
+    for message in [*messages, {"role": "end"}]:
+        if message["role"] == "tool":
+            call_id = message.get("tool_call_id")
+            if call_id not in open_calls:
+                raise RequestError(
+                    400,
+                    "Invalid parameter: messages with role 'tool' must be a response to a "
+                    f"preceding message with 'tool_calls' (tool_call_id {call_id!r}).",
+                    "messages",
+                )
+            open_calls.remove(call_id)
+            continue
+        if open_calls:
+            raise RequestError(
+                400,
+                "An assistant message with 'tool_calls' must be followed by tool messages "
+                "responding to each 'tool_call_id'. The following tool_call_ids did not have "
+                f"response messages: {', '.join(open_calls)}",
+                "messages",
+            )
+        if message["role"] == "assistant":
+            open_calls = [str(c.get("id")) for c in message.get("tool_calls") or []]
 
 
 def _assistant_turn(messages: list[dict[str, Any]], offered: set[str]) -> dict[str, Any]:

@@ -332,3 +332,27 @@ def test_fake_openai_runs_as_a_script(tmp_path: Path) -> None:
     assert FAKE_OPENAI.name in str(server.process.args)
     with pytest.raises(urllib.error.URLError):
         urllib.request.urlopen(f"{server.base_url.removesuffix('/v1')}/calls", timeout=5)
+
+
+def test_unanswered_or_stray_tool_messages_are_rejected(openai_fake: OpenAIFake) -> None:
+    """A transcript missing, doubling or inventing a tool result is a 400, as on OpenAI."""
+    client = openai_client(openai_fake)
+    user: Any = {"role": "user", "content": "Refund order #42"}
+    first = client.chat.completions.create(model=MODEL, messages=[user], tools=TOOLS)
+    assistant = first.choices[0].message.model_dump(exclude_none=True)
+    lookup, refund = (c["id"] for c in assistant["tool_calls"])
+
+    def tool(call_id: str) -> Any:
+        return {"role": "tool", "tool_call_id": call_id, "content": "done"}
+
+    for broken in (
+        [user, assistant, tool(lookup)],  # the refund's result was lost
+        [user, assistant, tool(lookup), tool(lookup), tool(refund)],  # one result twice
+        [user, tool("call_made_up")],  # a result for a call nobody made
+    ):
+        with pytest.raises(openai.BadRequestError, match="tool"):
+            client.chat.completions.create(model=MODEL, messages=broken, tools=TOOLS)
+    whole = [user, assistant, tool(lookup), tool(refund)]
+    answer = client.chat.completions.create(model=MODEL, messages=whole, tools=TOOLS)
+    assert answer.choices[0].finish_reason == "stop"
+    assert openai_fake.counts() == {"chat_completions": 2, "rejected": 3}
