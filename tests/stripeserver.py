@@ -13,12 +13,14 @@ is ready once an authenticated ``GET /v1/charges`` answers.
 What it does (observed with stripe-stateful-mock 0.0.16 and the ``stripe``
 SDK 16.1; test_mock_services.py pins these):
 
-* any API key that starts with ``sk_test_`` is accepted; every key sees the
-  same data. Isolation comes from Connect: each connected account (created
-  with :func:`new_account`, addressed with ``Stripe-Account``) has charges,
-  refunds and idempotency keys of its own.
+* any API key that starts with ``sk_test_`` is accepted (others: 401), and,
+  by its source, every key sees the same data. Isolation comes from Connect:
+  each connected account (created with :func:`new_account`, addressed with
+  ``Stripe-Account``; the ``stripe_account`` fixture) has charges, refunds
+  and idempotency keys of its own.
 * charges (``source="tok_visa"`` and Stripe's other test tokens) and refunds
-  can be created, listed and retrieved; PaymentIntents are not implemented.
+  can be created, listed and retrieved; PaymentIntents are not implemented
+  (404 ``No matching path``).
 * the server keeps no state on disk: a new server starts empty.
 
 The helpers talk plain HTTP with the standard library, so a test can count

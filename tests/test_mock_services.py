@@ -87,6 +87,8 @@ def test_same_idempotency_key_gives_the_same_charge(stripe_mock: str, stripe_acc
     other = charge(client, "order-18-charge")
     assert first.id == again.id
     assert first.id.startswith("ch_")
+    assert first.last_response.headers.get("idempotent-replayed") is None
+    assert again.last_response.headers.get("idempotent-replayed") == "true"
     assert other.id != first.id
     assert again.amount == 500
     assert again.status == "succeeded"
@@ -138,6 +140,20 @@ def test_refunds_deduplicate_and_are_counted(stripe_mock: str, stripe_account: s
     assert refunds[0].amount == 2500
     assert count_refunds(stripe_mock, stripe_account) == 1
     assert client.v1.charges.retrieve(paid.id).refunded is True
+
+
+def test_what_the_mock_does_not_do(stripe_mock: str, stripe_account: str) -> None:
+    """Live keys are refused (401) and PaymentIntents are a 404: the crash tests use Charges."""
+    live = stripe.StripeClient(
+        "sk_live_nope", base_addresses={"api": stripe_mock}, max_network_retries=0
+    )
+    with pytest.raises(stripe.AuthenticationError):
+        live.v1.charges.list()
+    with pytest.raises(stripe.InvalidRequestError, match="No matching path"):
+        stripe_client(stripe_mock, stripe_account).v1.payment_intents.create(
+            params={"amount": 500, "currency": "usd"}
+        )
+    assert count_charges(stripe_mock, stripe_account) == 0
 
 
 def test_accounts_keep_charges_and_keys_apart(stripe_mock: str) -> None:
