@@ -72,6 +72,13 @@ def charge(client: stripe.StripeClient, key: str, amount: int = 500) -> stripe.C
     )
 
 
+def replayed(obj: stripe.StripeObject) -> bool:
+    """Whether the mock answered ``obj`` from its idempotency cache."""
+    response = obj.last_response
+    assert response is not None
+    return response.headers.get("idempotent-replayed") == "true"
+
+
 def openai_client(server: OpenAIFake) -> openai.OpenAI:
     return openai.OpenAI(base_url=server.base_url, api_key=OPENAI_TEST_KEY, max_retries=0)
 
@@ -87,8 +94,8 @@ def test_same_idempotency_key_gives_the_same_charge(stripe_mock: str, stripe_acc
     other = charge(client, "order-18-charge")
     assert first.id == again.id
     assert first.id.startswith("ch_")
-    assert first.last_response.headers.get("idempotent-replayed") is None
-    assert again.last_response.headers.get("idempotent-replayed") == "true"
+    assert not replayed(first)
+    assert replayed(again)
     assert other.id != first.id
     assert again.amount == 500
     assert again.status == "succeeded"
