@@ -93,6 +93,16 @@ def test_the_support_agent_killed_after_a_refund_refunds_each_order_once(
     ]
     assert len(refunds_by_charge(stripe_mock, stripe_account)) == crash_after
     assert openai_fake.calls() == 1
+    show = subprocess.run(
+        [sys.executable, "-m", "durable_steps", *store, "show", "support-agent/ticket-1001"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert "in-doubt" in show.stdout, show.stdout + show.stderr
+    assert f"in doubt (it may have fired), idempotency key {sent[-1][2]}" in show.stdout
 
     resumed = run_script(SUPPORT_AGENT, env, *store)
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
