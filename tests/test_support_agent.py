@@ -18,12 +18,21 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
+import stripe
 
+import durable_steps as ds
 from tests.conftest import StoreTarget
 from tests.openaiserver import OpenAIFake
-from tests.stripeserver import count_charges, list_objects, new_account, stripe_env
+from tests.stripeserver import (
+    STRIPE_TEST_KEY,
+    count_charges,
+    list_objects,
+    new_account,
+    stripe_env,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 SUPPORT_AGENT = ROOT / "examples" / "support_agent.py"
@@ -203,3 +212,47 @@ def test_three_charges_in_one_step_killed_after_the_second_make_three_charges(
     assert CHARGE.findall(third.stdout) == []
     assert json.loads(third.stdout.splitlines()[-1]) == state
     assert count_charges(stripe_mock, stripe_account) == 3
+
+
+def test_a_stripe_object_result_is_refused_by_json_and_the_fixed_rerun_charges_once(
+    tmp_path: Path, stripe_mock: str, stripe_account: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``ctx.effect("charge", stripe.Charge.create, ...)`` as written, under JSON: the charge
+    goes through, the step fails naming its key, and the fixed step (``.to_dict()``) gets
+    the same charge back from Stripe under that key: one charge; under pickle it just works.
+    """
+    monkeypatch.setattr(stripe, "api_key", STRIPE_TEST_KEY)
+    monkeypatch.setattr(stripe, "api_base", stripe_mock)
+    params = {"amount": 500, "currency": "usd", "source": "tok_visa"}
+    params["stripe_account"] = stripe_account
+
+    def charge_as_written(state: dict[str, Any], ctx: ds.Context) -> None:
+        state["charge"] = ctx.effect("charge", stripe.Charge.create, **params)["id"]
+
+    def charge_to_dict(state: dict[str, Any], ctx: ds.Context) -> None:
+        made = ctx.effect("charge", lambda **kw: stripe.Charge.create(**kw).to_dict(), **params)
+        state["charge"] = made["id"]
+
+    store = str(tmp_path / "runs")
+    as_written = ds.Workflow("pay", store=store, steps=[ds.step(charge_as_written, name="pay")])
+    with pytest.raises(ds.StepFailed) as failed:
+        as_written.run("order-9", {})
+    cause = failed.value.__cause__
+    assert isinstance(cause, ds.SerializationError), repr(cause)
+    assert "ctx.effect('charge')" in str(cause)
+    assert "fires again with the same idempotency key ds-" in str(cause)
+    assert count_charges(stripe_mock, stripe_account) == 1
+    fixed = ds.Workflow("pay", store=store, steps=[ds.step(charge_to_dict, name="pay")])
+    state = fixed.run("order-9", {})
+    assert [c["id"] for c in list_objects(stripe_mock, "charges", stripe_account)] == [
+        state["charge"]
+    ]
+
+    pickled = ds.Workflow(
+        "pay-pickled",
+        store=store,
+        serializer="pickle",
+        steps=[ds.step(charge_as_written, name="pay")],
+    )
+    assert pickled.run("order-9", {})["charge"].startswith("ch_")
+    assert count_charges(stripe_mock, stripe_account) == 2
