@@ -25,6 +25,7 @@ refund on a fresh Stripe account.
 
 Offline (no account, no network)::
 
+    python3 -m pip install -e . openai stripe
     npm ci --prefix tests/emulators          # stripe-stateful-mock, a Stripe API in memory
     node -e "require('./tests/emulators/node_modules/stripe-stateful-mock')\\
       .createExpressApp().listen(12111, '127.0.0.1')" &
@@ -43,8 +44,8 @@ Against the real services, set the usual variables: ``OPENAI_API_KEY`` (and
 ``tok_visa``, so live keys are refused). ``STRIPE_ACCOUNT`` makes every
 request on behalf of that connected account.
 
-``durable-steps show support-agent/ticket-1001`` (run from this directory,
-the store is ``./runs``) shows the journal of a turn cut short.
+``durable-steps --store runs show support-agent/ticket-1001`` (run from this
+directory: the store is ``./runs``) shows the journal of a turn cut short.
 """
 
 from __future__ import annotations
@@ -191,7 +192,10 @@ def build(
     def lookup_order(orders: dict[str, str], order_id: str) -> dict[str, Any]:
         if order_id not in orders:
             return {"order": order_id, "error": "no such order"}
-        charge = stripe.Charge.retrieve(orders[order_id], **options)
+        try:
+            charge = stripe.Charge.retrieve(orders[order_id], **options)
+        except stripe.InvalidRequestError as exc:  # e.g. a mock restarted since the checkout
+            return {"order": order_id, "error": exc.user_message or str(exc)}
         return {
             "order": order_id,
             "amount": money(charge.amount, charge.currency),
