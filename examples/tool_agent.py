@@ -17,8 +17,8 @@ be steps of their own: they are *journaled calls* inside the turn's step.
   refunds already recorded are replayed, and one that may have gone through
   is sent again with the *same* key, which the payments API deduplicates.
 
-``durable-steps show tool-agent/ticket-4411`` (run from this directory, the
-store is ``./runs``) shows the journal of a turn cut short.
+``durable-steps --store runs show tool-agent/ticket-4411`` (run from this
+directory: the store is ``./runs``) shows the journal of a turn cut short.
 """
 
 from __future__ import annotations

@@ -27,7 +27,9 @@ from tests.cloudservers import (
     start_azurite,
     start_fake_gcs,
 )
+from tests.openaiserver import openai_fake  # noqa: F401 (a fixture)
 from tests.s3servers import S3Server, start_moto, start_seaweedfs
+from tests.stripeserver import stripe_account, stripe_mock  # noqa: F401 (fixtures)
 
 S3_KINDS = ["seaweedfs", "moto"]
 CLOUD_KINDS = ["gcs", "azure"]  # emulators: fake-gcs-server, Azurite
