@@ -76,7 +76,7 @@ from . import _checkpoint as ckpt
 from ._delta import Tracker, apply, snapshot
 from ._drivers import GetMany, Protocol, Put
 from .errors import CheckpointConflict, CorruptCheckpoint, SerializationError
-from .serializers import SignedSerializer, check_json
+from .serializers import SignedSerializer, check_json, plain_json
 
 if TYPE_CHECKING:
     from .serializers import Serializer
@@ -189,9 +189,8 @@ class _JSONFinder(_Finder):
         return ops
 
     def journal_record(self, meta: list[Any], value: Any, path: str) -> bytes:
-        """A journal record of ``value`` (see :mod:`durable_steps._journal`)."""
-        check_json(value, path)
-        return self.serializer.dumps([[JOURNAL, meta, value]])
+        """A journal record of ``value`` as JSON gives it back (see ``plain_json``)."""
+        return self.serializer.dumps([[JOURNAL, meta, plain_json(value, path)]])
 
 
 def _pickled(value: Any) -> bytes:

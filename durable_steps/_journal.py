@@ -66,7 +66,7 @@ from .errors import (
     DefinitionError,
     SerializationError,
 )
-from .serializers import check_json
+from .serializers import plain_json
 
 if TYPE_CHECKING:
     from ._run import RunState
@@ -331,7 +331,7 @@ class Journal:
                 blob = run.parts.finder.journal_record(meta, value, path)
             else:
                 if run.plan.serializer.name.startswith("json"):
-                    check_json(value, path)
+                    value = plain_json(value, path)
                 blob = run.plan.serializer.dumps(value)
         except SerializationError as exc:
             if kind == "effect":
@@ -508,7 +508,7 @@ def record_resolved(
     field = {**journal, "open": rest, "calls": journal["calls"] + 1}
     if header.format == 1:
         if serializer.name.startswith("json"):
-            check_json(value, path)
+            value = plain_json(value, path)
         blob = base64.b64encode(serializer.dumps(value)).decode()
         field["inline"] = [*journal["inline"], [name, "effect", key, blob]]
     else:

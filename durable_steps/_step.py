@@ -118,8 +118,10 @@ class Context:
         same ``name`` before the step commits — in a retry, or after a crash —
         returns the recorded result without calling ``fn``. Either way the
         value returned is the *decoded* record, a copy, so it does not matter
-        which happened. The serializer's rules for the state apply to results
-        (JSON refuses a tuple or an SDK object: return ``.model_dump()``).
+        which happened. Under JSON a result is stored as JSON gives it back
+        (a tuple becomes a list; an SDK object — a pydantic model, a Stripe
+        object — its plain data); what JSON cannot encode raises
+        SerializationError.
         Each name may be used once per attempt: put an index or id in it.
         """
         if self._journal is None:  # a step called by hand (a unit test): no run to record in

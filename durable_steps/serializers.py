@@ -118,6 +118,67 @@ class JSONSerializer:
             raise CorruptCheckpoint(f"the state is not valid JSON ({exc})") from exc
 
 
+def _sdk_object(value: Any) -> Any:
+    """An SDK object as plain data: a pydantic model (the ``openai`` SDK's) by
+    ``model_dump(mode="json")``, a Stripe object by ``to_dict()``.
+    """
+    dump = getattr(value, "model_dump", None)
+    if callable(dump):
+        return dump(mode="json")
+    to_dict = getattr(value, "to_dict", None)
+    if callable(to_dict):
+        return to_dict()
+    raise TypeError(f"Object of type {type(value).__name__} is not JSON serializable")
+
+
+_RESULT_JSON = json.JSONEncoder(
+    ensure_ascii=False, separators=(",", ":"), allow_nan=False, default=_sdk_object
+)
+_JSON_LEAVES = (str, int, float, bool, type(None))
+
+
+def plain_json(value: Any, path: str) -> Any:
+    """``value`` as JSON gives it back: what a journaled call's result is stored as.
+
+    A result is returned *decoded* whether it ran now or was replayed, so it
+    need not survive the round trip unchanged the way the state must: a
+    dict or list subclass, a tuple, an ``IntEnum`` or an int key is stored
+    as the plain value JSON makes of it, and an SDK object (a pydantic
+    model, as the ``openai`` SDK returns; a Stripe object) as its
+    ``model_dump(mode="json")`` or ``to_dict()``. What JSON cannot encode at
+    all (another object, NaN, a cycle) raises
+    :class:`~durable_steps.SerializationError` naming where it sits.
+    """
+    try:
+        return json.loads(_RESULT_JSON.encode(value))
+    except (TypeError, ValueError, RecursionError) as exc:
+        where = _unencodable(value, path) or path
+        raise SerializationError(f"{where} cannot be stored as JSON ({exc}).", path=where) from exc
+
+
+def _unencodable(value: Any, path: str) -> str | None:
+    """Where the first value JSON cannot encode sits in ``value`` (walked without recursion)."""
+    stack = [(value, path, 0)]
+    while stack:
+        node, where, depth = stack.pop()
+        if depth > MAX_DEPTH:
+            return where
+        if isinstance(node, dict):
+            for key, child in reversed(list(node.items())):
+                if not isinstance(key, _JSON_LEAVES):
+                    return f"{where} (key {key!r})"
+                stack.append((child, f"{where}[{key!r}]", depth + 1))
+        elif isinstance(node, (list, tuple)):
+            stack.extend(
+                (c, f"{where}[{i}]", depth + 1) for i, c in reversed(list(enumerate(node)))
+            )
+        elif not isinstance(node, _JSON_LEAVES) or (
+            isinstance(node, float) and not math.isfinite(node)
+        ):
+            return where
+    return None
+
+
 def check_json(value: Any, path: str = "state", *, depth: int = 0) -> None:
     """Raise :class:`~durable_steps.SerializationError` unless ``value`` would
     come back from JSON as an equal value of the same types.

@@ -103,16 +103,24 @@ def test_call_returns_the_decoded_record_on_both_paths(tmp_path: Path, serialize
     assert made == {"reply": ["a"]}
 
 
-def test_a_tuple_result_is_refused_by_json_like_a_tuple_in_the_state(tmp_path: Path) -> None:
-    """JSON would give a list back: refused with the serializer's own advice."""
-    wf = ds.Workflow("tuple", store=tmp_path)
+def test_json_results_are_stored_as_json_gives_them_back(tmp_path: Path) -> None:
+    """An SDK-like dict subclass, a tuple, an int key: stored plain, alike on both paths."""
 
-    @wf.step()
+    class SDKObject(dict):  # type: ignore[type-arg]  # like stripe.StripeObject
+        pass
+
+    wf = ds.Workflow("plain", store=tmp_path)
+    got: list[Any] = []
+
+    @wf.step(retry=ds.Retry(attempts=2, wait=0))
     def act(state: dict[str, Any], ctx: ds.Context) -> None:
-        ctx.call("pair", lambda: (1, 2))
+        got.append(ctx.call("sdk", lambda: SDKObject(id="ch_1", pair=(1, 2), by_id={7: "x"})))
+        if len(got) == 1:
+            raise TimeoutError("retry: the second attempt replays")
 
-    with pytest.raises(ds.StepFailed, match=r"ctx.call\('pair'\).*tuple"):
-        wf.run("r")
+    wf.run("r")
+    assert got == [{"id": "ch_1", "pair": [1, 2], "by_id": {"7": "x"}}] * 2
+    assert all(type(value) is dict for value in got)
 
 
 def test_a_resume_after_a_crash_replays_calls_and_reuses_the_key(tmp_path: Path) -> None:
