@@ -75,7 +75,7 @@ def execute(plan: Plan, run_id: str, initial: Any, *, create: bool = True) -> Pr
     idempotency keys.
     """
     run = RunState(plan, run_id)
-    with run.owner.active():
+    with run.owner.active(), run.reporting_stops():
         found = yield Get(run.key)
         if found is None and not create:
             raise RunGone(f"run {run.name} no longer exists", run=run.name)
