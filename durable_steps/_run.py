@@ -91,7 +91,9 @@ class RunState:
 
     def event(self, kind: EventKind, **fields: Any) -> None:
         if self.plan.subscribers:
-            event = Event(kind, self.plan.workflow, self.run_id, execution=self.owner.token, **fields)
+            event = Event(
+                kind, self.plan.workflow, self.run_id, execution=self.owner.token, **fields
+            )
             emit(self.plan.subscribers, event)
 
     @contextlib.contextmanager

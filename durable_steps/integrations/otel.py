@@ -173,9 +173,9 @@ class Tracing:
         with run.lock:
             if kind in ("run_completed", "run_stopped"):
                 self._end_run(run, event)
-            elif kind.startswith(("call_", "signal_")) or (
-                kind == "effect_in_doubt" and event.attempt is not None
-            ):
+            elif kind == "step_in_doubt" or (kind == "effect_in_doubt" and event.attempt is None):
+                self._doubt(run, event)
+            elif kind.startswith(("call_", "signal_", "effect_")):
                 self._call(run, event)
             else:
                 self._step(run, event)
@@ -252,7 +252,9 @@ class Tracing:
             run.step = None
         run.span.set_attribute("durable_steps.run.outcome", outcome)
         if outcome in ("completed", "suspended", "released"):
-            run.span.set_status(Status(StatusCode.OK if outcome == "completed" else StatusCode.UNSET))
+            run.span.set_status(
+                Status(StatusCode.OK if outcome == "completed" else StatusCode.UNSET)
+            )
         else:
             _fail(run.span, error, None, end=False)
         self._detach(run, run.token)
@@ -288,13 +290,6 @@ class Tracing:
             run.refired.clear()
             run.step_token = otel_context.attach(trace.set_span_in_context(run.step))
             return
-        if kind in ("step_in_doubt", "effect_in_doubt"):  # found before the step runs again
-            if event.call is not None:
-                attributes["durable_steps.call.name"] = event.call
-            if event.idempotency_key is not None:
-                attributes["durable_steps.idempotency_key"] = event.idempotency_key
-            run.span.add_event(f"durable_steps.{kind.replace('_', '.', 1)}", attributes)
-            return
         step, run.step = run.step, None
         if step is None:  # committed or failed without an attempt here (reconcile, a resolve)
             if event.error is not None:
@@ -315,6 +310,18 @@ class Tracing:
         self._detach(run, run.step_token)
         run.step_token = None
         step.end()
+
+    def _doubt(self, run: _Execution, event: Event) -> None:
+        """A step or an effect found in doubt before the step runs again: an event."""
+        attributes: dict[str, Any] = {
+            "durable_steps.step.name": event.step or "",
+            "durable_steps.step.iteration": event.iteration or 0,
+        }
+        if event.call is not None:
+            attributes["durable_steps.call.name"] = event.call
+        if event.idempotency_key is not None:
+            attributes["durable_steps.idempotency_key"] = event.idempotency_key
+        run.span.add_event(f"durable_steps.{event.kind.replace('_', '.', 1)}", attributes)
 
     # --- journaled calls ---------------------------------------------------------
 
