@@ -399,6 +399,45 @@ def test_the_step_span_is_current_and_the_callers_span_is_linked(
     assert run.context.trace_id != request.get_span_context().trace_id
 
 
+def test_two_executions_of_one_run_in_one_process_keep_their_own_spans(
+    tmp_path: Path, spans: tuple[TracerProvider, InMemorySpanExporter]
+) -> None:
+    """A takeover while the straggler's step still runs: two run spans, each with its steps."""
+    provider, exporter = spans
+    wf = ds.Workflow("two", store=tmp_path, on_event=[Tracing(provider)])
+    entered, release = threading.Event(), threading.Event()
+    calls = []
+
+    @wf.step()
+    def slow(state: dict[str, Any]) -> None:
+        calls.append(1)
+        if len(calls) == 1:  # the straggler: stuck until the takeover is done
+            entered.set()
+            release.wait(timeout=30)
+
+    errors: list[BaseException] = []
+
+    def straggler() -> None:
+        try:
+            wf.run("r1", {})
+        except BaseException as exc:
+            errors.append(exc)
+
+    thread = threading.Thread(target=straggler)
+    thread.start()
+    assert entered.wait(timeout=30)
+    wf.run("r1", takeover=True)
+    release.set()
+    thread.join(timeout=30)
+    assert [type(e) for e in errors] == [ds.CheckpointConflict]
+    finished = exporter.get_finished_spans()
+    runs = {s.attributes["durable_steps.run.outcome"]: s for s in by_name(finished, "run two")}
+    assert set(runs) == {"completed", "error"}
+    assert runs["error"].attributes["error.type"] == "durable_steps.errors.CheckpointConflict"
+    steps = by_name(finished, "step slow")
+    assert sorted(parent_of(s) for s in steps) == sorted(r.context.span_id for r in runs.values())
+
+
 async def _async_step(state: dict[str, Any], ctx: ds.Context) -> None:
     state["text"] = await ctx.acall("model", _model)
 

@@ -77,16 +77,33 @@ def trace_id(workflow: str, run_id: str) -> str:
     return format(_run_context(workflow, run_id).trace_id, "032x")
 
 
+_Current = tuple["Token[Context]", int]
+"""A span made current: the token that undoes it, and the thread it was made in."""
+
+
+def _make_current(span: trace.Span) -> _Current:
+    return otel_context.attach(trace.set_span_in_context(span)), threading.get_ident()
+
+
+def _restore(current: _Current | None) -> None:
+    """Undo :func:`_make_current` in the thread that did it (run and step
+    boundaries are reported by the thread running the run; a token belongs
+    to the context it was made in).
+    """
+    if current is not None and current[1] == threading.get_ident():
+        otel_context.detach(current[0])
+
+
 @dataclass
 class _Execution:
     """The open spans of one execution of a run."""
 
     span: trace.Span
-    token: Token[Context] | None  # the run span made current in the thread running the run
-    thread: int
+    current: _Current | None
+    """The run span, made current in the thread that runs the run."""
     lock: threading.Lock = field(default_factory=threading.Lock)
     step: trace.Span | None = None
-    step_token: Token[Context] | None = None
+    step_current: _Current | None = None
     calls: dict[tuple[Any, ...], trace.Span] = field(default_factory=dict)
     refired: set[str] = field(default_factory=set)
     """Effects found in doubt within this attempt: their next call span fires them again."""
@@ -235,9 +252,9 @@ class Tracing:
             attributes=attributes,
             links=links,
         )
-        token = otel_context.attach(trace.set_span_in_context(span))
+        execution = _Execution(span, _make_current(span))
         with self._lock:
-            self._open[key] = _Execution(span, token, threading.get_ident())
+            self._open[key] = execution
 
     def _end_run(self, run: _Execution, event: Event) -> None:
         error = event.error
@@ -248,7 +265,7 @@ class Tracing:
         run.calls.clear()
         if run.step is not None:
             _fail(run.step, error, stopped)
-            self._detach(run, run.step_token)
+            _restore(run.step_current)
             run.step = None
         run.span.set_attribute("durable_steps.run.outcome", outcome)
         if outcome in ("completed", "suspended", "released"):
@@ -257,15 +274,8 @@ class Tracing:
             )
         else:
             _fail(run.span, error, None, end=False)
-        self._detach(run, run.token)
+        _restore(run.current)
         run.span.end()
-
-    def _detach(self, run: _Execution, token: Token[Context] | None) -> None:
-        # A token resets the context of the thread that attached it, and
-        # events of one execution that change what is current (run and step
-        # boundaries) come from the thread that runs it.
-        if token is not None and threading.get_ident() == run.thread:
-            otel_context.detach(token)
 
     # --- steps -----------------------------------------------------------------
 
@@ -278,7 +288,7 @@ class Tracing:
         if kind == "step_started":
             if run.step is not None:  # never expected: a lost end closes it
                 run.step.end()
-                self._detach(run, run.step_token)
+                _restore(run.step_current)
             attributes["durable_steps.step.attempt"] = event.attempt or 1
             if event.idempotency_key is not None:
                 attributes["durable_steps.idempotency_key"] = event.idempotency_key
@@ -288,7 +298,7 @@ class Tracing:
                 attributes=attributes,
             )
             run.refired.clear()
-            run.step_token = otel_context.attach(trace.set_span_in_context(run.step))
+            run.step_current = _make_current(run.step)
             return
         step, run.step = run.step, None
         if step is None:  # committed or failed without an attempt here (reconcile, a resolve)
@@ -307,8 +317,8 @@ class Tracing:
             if kind == "step_retrying" and event.duration is not None:
                 step.set_attribute("durable_steps.step.retry_wait", event.duration)
             _fail(step, event.error, None, end=False)
-        self._detach(run, run.step_token)
-        run.step_token = None
+        _restore(run.step_current)
+        run.step_current = None
         step.end()
 
     def _doubt(self, run: _Execution, event: Event) -> None:
