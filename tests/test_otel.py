@@ -230,7 +230,10 @@ def test_metrics_count_commits_retries_calls_and_step_durations(tmp_path: Path) 
     plan = (("durable_steps.step.name", "plan"), ("durable_steps.workflow", "agent"))
     assert points["durable_steps.step.retries"] == {plan: 2}
     act = (("durable_steps.step.name", "act"), ("durable_steps.workflow", "agent"))
-    assert points["durable_steps.calls"] == {(("durable_steps.call.replayed", False), *act): 4}
+    assert points["durable_steps.calls"] == {
+        (("durable_steps.call.kind", "call"), *act): 2,
+        (("durable_steps.call.kind", "effect"), *act): 2,
+    }
     assert points["durable_steps.run.executions"] == {
         (("durable_steps.run.outcome", "completed"), ("durable_steps.workflow", "agent")): 2
     }
@@ -298,6 +301,11 @@ def test_a_crash_after_an_intent_ends_the_spans_and_counts_the_doubt_once(
     points = metric_points(reader)
     act = (("durable_steps.step.name", "act"), ("durable_steps.workflow", "agent"))
     assert points["durable_steps.effect.in_doubt"] == {act: 1}
+    assert points["durable_steps.calls"] == {
+        (("durable_steps.call.kind", "call"), *act): 1,  # the model, before the crash
+        (("durable_steps.call.kind", "effect"), *act): 2,  # the refund: fired, then again
+        (("durable_steps.call.replayed", True), *act): 1,  # the model, on resume
+    }
     assert points["durable_steps.run.executions"] == {
         (("durable_steps.run.outcome", "error"), ("durable_steps.workflow", "agent")): 1,
         (("durable_steps.run.outcome", "completed"), ("durable_steps.workflow", "agent")): 1,

@@ -33,9 +33,13 @@ made the parent, which would split a run over its callers' traces.
 ``durable_steps.step.name``; never the run id, to keep cardinality low):
 ``durable_steps.step.commits``, ``.retries``, ``.failures``, ``.in_doubt``,
 ``durable_steps.effect.in_doubt``, ``durable_steps.step.duration`` (seconds
-from a step's first attempt to its commit), ``durable_steps.calls``
-(journaled calls recorded or replayed: ``durable_steps.call.replayed``), and
-``durable_steps.run.executions`` (by ``durable_steps.run.outcome``).
+from a step's first attempt to its commit), ``durable_steps.calls`` (journaled
+calls whose function ran, by ``durable_steps.call.kind`` ``call`` or
+``effect``, and replays, ``durable_steps.call.replayed``; replays include the
+journal's records of waits, ``ctx.sleep`` and ``ctx.wait_for``), and
+``durable_steps.run.executions`` (by ``durable_steps.run.outcome``:
+``completed``, ``suspended``, ``released``, ``failed``, ``in_doubt``,
+``error``).
 
 Events come from several threads (concurrent journaled calls, workers); a
 lock per execution orders them, and nothing here raises into a run.
@@ -213,8 +217,11 @@ class Tracing:
             # Found before the step runs; the same doubt is reported again,
             # within the attempt, as the effect fires once more: counted once.
             self._effects_in_doubt.add(1, metric)
-        elif kind in ("call_recorded", "call_replayed"):
-            self._calls.add(1, {**metric, "durable_steps.call.replayed": kind == "call_replayed"})
+        elif kind == "call_started":  # the function runs (a call_recorded follows unless it raises)
+            effect = "effect" if event.idempotency_key is not None else "call"
+            self._calls.add(1, {**metric, "durable_steps.call.kind": effect})
+        elif kind == "call_replayed":
+            self._calls.add(1, {**metric, "durable_steps.call.replayed": True})
         elif kind in ("run_completed", "run_stopped"):
             outcome = "completed" if kind == "run_completed" else _outcome(event.error)
             self._executions.add(1, {**metric, "durable_steps.run.outcome": outcome})
@@ -303,7 +310,7 @@ class Tracing:
         step, run.step = run.step, None
         if step is None:  # committed or failed without an attempt here (reconcile, a resolve)
             if event.error is not None:
-                attributes["error.type"] = type(event.error).__qualname__
+                attributes["error.type"] = _error_type(event.error)
             run.span.add_event(f"durable_steps.{kind.replace('_', '.', 1)}", attributes)
             return
         for span in run.calls.values():  # calls whose function raised
@@ -370,8 +377,13 @@ def _fail(span: trace.Span, error: BaseException | None, why: str | None, end: b
     """Mark ``span`` failed by ``error`` (or for ``why``), and end it unless told not to."""
     if error is not None:
         span.record_exception(error)
-        span.set_attribute("error.type", f"{type(error).__module__}.{type(error).__qualname__}")
+        span.set_attribute("error.type", _error_type(error))
     description = why or (f"{type(error).__name__}: {error}" if error is not None else None)
     span.set_status(Status(StatusCode.ERROR, description))
     if end:
         span.end()
+
+
+def _error_type(error: BaseException) -> str:
+    """``error.type`` as the semantic conventions want it: the fully qualified class name."""
+    return f"{type(error).__module__}.{type(error).__qualname__}"
