@@ -353,6 +353,73 @@ def test_a_step_in_doubt_and_a_failed_step(
     assert len(calls) == 1  # the in-doubt step fired again once, then failed
 
 
+def test_a_step_resolved_as_fired_commits_without_an_attempt_span(
+    spans: tuple[TracerProvider, InMemorySpanExporter],
+) -> None:
+    """A person's "it fired" commits the step without running it: events, no attempt span."""
+    provider, exporter = spans
+    store = ds.MemoryStore()
+    wf = ds.Workflow("paid", store=ds.testing.CrashingStore(store, after_write=2))
+    wf.on_event = (Tracing(provider),)
+    wf.step(name="pay", idempotent=False, in_doubt="raise")(lambda state: None)
+    with pytest.raises(ds.testing.SimulatedCrash):  # right after pay's intent
+        wf.run("r1", {})
+    wf.store = store
+    with pytest.raises(ds.StepInDoubt):
+        wf.run("r1")
+    wf.resolve("r1", fired=True)
+    wf.run("r1")
+    finished = exporter.get_finished_spans()
+    assert [s.attributes["durable_steps.run.outcome"] for s in by_name(finished, "run paid")] == [
+        "error",
+        "in_doubt",
+        "completed",
+    ]
+    assert not by_name(finished, "step pay")
+    last = by_name(finished, "run paid")[-1]
+    assert [e.name for e in last.events] == [
+        "durable_steps.step.in_doubt",
+        "durable_steps.step.committed",
+    ]
+
+
+def test_a_worker_running_runs_in_threads_gives_each_run_its_own_tree(
+    tmp_path: Path, spans: tuple[TracerProvider, InMemorySpanExporter]
+) -> None:
+    """Four worker threads, 12 runs, one Tracing: each run's spans sit in that run's trace."""
+    provider, exporter = spans
+    wf = ds.Workflow("batch", store=tmp_path, on_event=[Tracing(provider)])
+
+    @wf.step()
+    def fetch(state: dict[str, Any], ctx: ds.Context) -> None:
+        state["page"] = ctx.call("get", lambda: state["n"] * 10)
+
+    @wf.step()
+    def save(state: dict[str, Any], ctx: ds.Context) -> None:
+        time.sleep(0.01)  # overlap the runs
+        state["saved"] = ctx.effect("put", lambda idempotency_key: state["page"])
+
+    for n in range(12):
+        wf.submit(f"r{n}", {"n": n})
+    report = ds.Worker(wf, concurrency=4).run(until_idle=True)
+    assert len(report.completed) == 12
+    finished = exporter.get_finished_spans()
+    ids = {s.context.span_id: s for s in finished}
+    runs = by_name(finished, "run batch")
+    assert sorted(s.attributes["durable_steps.run.id"] for s in runs) == sorted(
+        f"r{n}" for n in range(12)
+    )
+    for run in runs:
+        run_id = run.attributes["durable_steps.run.id"]
+        assert format(run.context.trace_id, "032x") == trace_id("batch", run_id)
+    for span in finished:
+        if span.name == "run batch":
+            continue
+        parent = ids[parent_of(span)]  # every step and call has its parent exported
+        assert parent.context.trace_id == span.context.trace_id
+    assert len(by_name(finished, "call get")) == len(by_name(finished, "effect put")) == 12
+
+
 def test_concurrent_calls_from_threads_are_each_a_span_of_their_step(
     tmp_path: Path, spans: tuple[TracerProvider, InMemorySpanExporter]
 ) -> None:
