@@ -37,6 +37,7 @@ EventKind = Literal[
     "run_woken",  # a waiting run's time came or its signal arrived, and it goes on
     "run_completed",  # the terminal marker was written
     "run_stopped",  # this execution ended without completing the run; `error` says why
+    # (None: Workflow.submit created the run, and left it to a worker)
 ]
 
 

@@ -120,6 +120,7 @@ def submit(plan: Plan, run_id: str, initial: Any) -> Protocol[bool]:
         yield from _create(run, initial, release=True)
     except CheckpointConflict:
         return False
+    run.event("run_stopped")  # the end of this "execution": it only created the run
     return True
 
 

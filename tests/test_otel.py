@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from opentelemetry import trace as otel_trace
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
@@ -386,7 +387,7 @@ def test_a_step_resolved_as_fired_commits_without_an_attempt_span(
 def test_a_worker_running_runs_in_threads_gives_each_run_its_own_tree(
     tmp_path: Path, spans: tuple[TracerProvider, InMemorySpanExporter]
 ) -> None:
-    """Four worker threads, 12 runs, one Tracing: each run's spans sit in that run's trace."""
+    """Submits are short spans; 4 worker threads run 12 runs: each run's spans in its trace."""
     provider, exporter = spans
     wf = ds.Workflow("batch", store=tmp_path, on_event=[Tracing(provider)])
 
@@ -401,6 +402,10 @@ def test_a_worker_running_runs_in_threads_gives_each_run_its_own_tree(
 
     for n in range(12):
         wf.submit(f"r{n}", {"n": n})
+    assert not otel_trace.get_current_span().get_span_context().is_valid  # nothing left current
+    submits = by_name(exporter.get_finished_spans(), "run batch")
+    assert [s.attributes["durable_steps.run.outcome"] for s in submits] == ["submitted"] * 12
+    exporter.clear()
     report = ds.Worker(wf, concurrency=4).run(until_idle=True)
     assert len(report.completed) == 12
     finished = exporter.get_finished_spans()
@@ -462,9 +467,7 @@ def test_the_step_span_is_current_and_the_callers_span_is_linked(
 
     with tracer.start_as_current_span("request") as request:
         wf.run("r1", {})
-        from opentelemetry import trace
-
-        assert trace.get_current_span() is request  # the run left the context as it found it
+        assert otel_trace.get_current_span() is request  # the run left the context as it found it
     finished = exporter.get_finished_spans()
     run, step = one(finished, "run nest"), one(finished, "step ask")
     assert parent_of(one(finished, "http POST")) == step.context.span_id

@@ -38,7 +38,7 @@ calls whose function ran, by ``durable_steps.call.kind`` ``call`` or
 ``effect``, and replays, ``durable_steps.call.replayed``; replays include the
 journal's records of waits, ``ctx.sleep`` and ``ctx.wait_for``), and
 ``durable_steps.run.executions`` (by ``durable_steps.run.outcome``:
-``completed``, ``suspended``, ``released``, ``failed``, ``in_doubt``,
+``completed``, ``submitted``, ``suspended``, ``released``, ``failed``, ``in_doubt``,
 ``error``).
 
 Events come from several threads (concurrent journaled calls, workers); a
@@ -114,6 +114,8 @@ class _Execution:
 
 
 def _outcome(error: BaseException | None) -> str:
+    if error is None:  # Workflow.submit: created, not run
+        return "submitted"
     if isinstance(error, RunSuspended):
         return "suspended"
     if isinstance(error, Released):
@@ -275,7 +277,7 @@ class Tracing:
             _restore(run.step_current)
             run.step = None
         run.span.set_attribute("durable_steps.run.outcome", outcome)
-        if outcome in ("completed", "suspended", "released"):
+        if outcome in ("completed", "submitted", "suspended", "released"):
             run.span.set_status(
                 Status(StatusCode.OK if outcome == "completed" else StatusCode.UNSET)
             )
@@ -369,7 +371,8 @@ class Tracing:
         elif kind == "effect_in_doubt":  # within the attempt: it fires again now
             run.refired.add(name)
         else:  # call_replayed, signal_received
-            attributes["durable_steps.call.replayed"] = kind == "call_replayed"
+            if kind == "call_replayed":
+                attributes["durable_steps.call.replayed"] = True
             parent.add_event(f"durable_steps.{kind.replace('_', '.', 1)}", attributes)
 
 
