@@ -6,7 +6,8 @@ is an ``on_event`` subscriber; without providers it uses the global ones
 even when they are set after it was made.
 
 **Spans.** Each execution of a run (one process running it, from its start
-or resume to its completion or stop) is a span ``run <workflow>``; each
+or resume to its completion or stop; ``Workflow.submit`` makes a short one)
+is a span ``run <workflow>``; each
 attempt of a step a child ``step <name>``, current while the step runs, so
 spans the step's own code makes (an instrumented HTTP or model client) nest
 under it; each journaled call that runs its function (``ctx.call``,
