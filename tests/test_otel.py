@@ -614,6 +614,30 @@ print(sorted(s.name for s in exporter.get_finished_spans()), names)
     )
 
 
+def test_run_stopped_ends_every_unfinished_execution_and_progress_skips_it(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A failed execution ends with run_stopped (its error attached); Progress shows no extra line."""
+    import io
+
+    seen: list[ds.Event] = []
+    pipe = io.StringIO()
+    wf = ds.Workflow("stops", store="memory://", on_event=[seen.append, ds.Progress(pipe)])
+
+    @wf.step()
+    def boom(state: dict[str, Any]) -> None:
+        raise ValueError("no")
+
+    with caplog.at_level(logging.ERROR, "durable_steps"), pytest.raises(ds.StepFailed):
+        wf.run("r1", {})
+    assert [e.kind for e in seen] == ["run_started", "step_started", "step_failed", "run_stopped"]
+    assert isinstance(seen[-1].error, ds.StepFailed)
+    assert len({e.execution for e in seen}) == 1
+    assert seen[0].execution is not None
+    assert "subscriber" not in caplog.text  # Progress did not fail on the new kind
+    assert pipe.getvalue().count("\n") == 1  # the failure's line only
+
+
 def test_import_durable_steps_imports_no_integration_package() -> None:
     """``import durable_steps`` loads neither opentelemetry, pydantic_ai nor ray."""
     code = (
