@@ -617,7 +617,7 @@ print(sorted(s.name for s in exporter.get_finished_spans()), names)
 def test_run_stopped_ends_every_unfinished_execution_and_progress_skips_it(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    """A failed execution ends with run_stopped (its error attached); Progress shows no extra line."""
+    """A failed execution ends with run_stopped (error attached); Progress adds no line."""
     import io
 
     seen: list[ds.Event] = []
