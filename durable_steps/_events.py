@@ -36,6 +36,8 @@ EventKind = Literal[
     "signal_received",  # ctx.wait_for found its signal and recorded the payload
     "run_woken",  # a waiting run's time came or its signal arrived, and it goes on
     "run_completed",  # the terminal marker was written
+    "run_stopped",  # this execution ended without completing the run; `error` says why
+    # (None: Workflow.submit created the run, and left it to a worker)
 ]
 
 
@@ -55,6 +57,9 @@ class Event:
     idempotency_key: str | None = None
     call: str | None = None
     """The journaled call's name (``call_*`` and ``effect_in_doubt`` events)."""
+    execution: str | None = None
+    """This execution's owner token (as in the checkpoint's lease): tells apart
+    two executions of one run, even in one process."""
 
 
 Subscriber = Callable[[Event], object]
@@ -97,6 +102,8 @@ class Progress:
 
     def __call__(self, event: Event) -> None:
         """Render ``event``."""
+        if event.kind == "run_stopped":  # the failure or the wait was shown already
+            return
         run = f"{event.workflow}/{event.run_id}"
         if event.kind in ("run_started", "run_resumed"):
             self._started, self._commits = time.monotonic(), 0

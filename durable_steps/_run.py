@@ -9,8 +9,9 @@ this execution last saw and stamped with its ownership lease.
 
 from __future__ import annotations
 
+import contextlib
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -90,7 +91,19 @@ class RunState:
 
     def event(self, kind: EventKind, **fields: Any) -> None:
         if self.plan.subscribers:
-            emit(self.plan.subscribers, Event(kind, self.plan.workflow, self.run_id, **fields))
+            event = Event(
+                kind, self.plan.workflow, self.run_id, execution=self.owner.token, **fields
+            )
+            emit(self.plan.subscribers, event)
+
+    @contextlib.contextmanager
+    def reporting_stops(self) -> Iterator[None]:
+        """Emit ``run_stopped`` if the block (the execution) ends with any exception."""
+        try:
+            yield
+        except BaseException as exc:  # a failure, a wait, a lost lease, a simulated crash...
+            self.event("run_stopped", error=exc)
+            raise
 
     def encode_state(self, step: str | None) -> bytes:
         """The state's bytes; ``step`` is the step just run, None for the

@@ -75,7 +75,7 @@ def execute(plan: Plan, run_id: str, initial: Any, *, create: bool = True) -> Pr
     idempotency keys.
     """
     run = RunState(plan, run_id)
-    with run.owner.active():
+    with run.owner.active(), run.reporting_stops():
         found = yield Get(run.key)
         if found is None and not create:
             raise RunGone(f"run {run.name} no longer exists", run=run.name)
@@ -120,6 +120,7 @@ def submit(plan: Plan, run_id: str, initial: Any) -> Protocol[bool]:
         yield from _create(run, initial, release=True)
     except CheckpointConflict:
         return False
+    run.event("run_stopped")  # the end of this "execution": it only created the run
     return True
 
 
