@@ -244,7 +244,9 @@ def test_forty_runs_survive_a_node_killed_mid_run(cluster: Cluster) -> None:
             driver.communicate()
     assert driver.returncode == 0, err[-4000:]
     # No "lost": each task Ray retried waited out its dead attempt's lease and finished the run.
-    expected = "worker fleet: 40 completed, 0 failed, 0 in-doubt, 0 released, 0 waiting, 0 lost, 0 errors"
+    expected = (
+        "worker fleet: 40 completed, 0 failed, 0 in-doubt, 0 released, 0 waiting, 0 lost, 0 errors"
+    )
     assert expected in out, out + err[-4000:]
     resumed = [r for r in runs if len(set(pids_of(cluster, r))) > 1]
     assert resumed, "no run was resumed after the kill"
