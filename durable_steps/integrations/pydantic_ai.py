@@ -85,7 +85,7 @@ from pydantic import TypeAdapter
 from pydantic_ai import Agent
 from pydantic_ai.exceptions import ModelRetry
 from pydantic_ai.messages import ModelMessage, ModelMessagesTypeAdapter, ModelResponse, ToolReturn
-from pydantic_ai.models import CompletedStreamedResponse, StreamedResponse
+from pydantic_ai.models import CompletedStreamedResponse, StreamedResponse, infer_model
 from pydantic_ai.models.wrapper import WrapperModel
 from pydantic_ai.toolsets import AbstractToolset, FunctionToolset, WrapperToolset
 from pydantic_core import PydanticSerializationError, to_jsonable_python
@@ -390,7 +390,9 @@ class DurableAgent:
         token = _binding.set(_Binding(ctx, _prefix(ctx), self.effects))
         try:
             # tools=[]: the agent's own tools are in its function toolset, wrapped above.
-            with self.wrapped.override(model=_JournaledModel(model), toolsets=toolsets, tools=[]):
+            with self.wrapped.override(
+                model=_JournaledModel(infer_model(model)), toolsets=toolsets, tools=[]
+            ):
                 yield run_kwargs
         finally:
             _binding.reset(token)
