@@ -387,3 +387,39 @@ def test_import_durable_steps_does_not_import_pydantic_ai() -> None:
     """The core never imports the extra: `import durable_steps` leaves pydantic_ai unloaded."""
     code = "import sys, durable_steps; sys.exit('pydantic_ai' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], check=False).returncode == 0
+
+
+class Crash(BaseException):
+    """Ends a tool like a kill: not an Exception, so nothing catches it."""
+
+
+def test_an_effect_tool_in_doubt_raises_and_resolve_gives_the_model_its_result(
+    tmp_path: Path,
+) -> None:
+    """in_doubt='raise' names the effect tool in doubt; resolve(fired=True, result=...)
+    hands the model that result as the tool's return, without firing it again.
+    """
+    fired: list[str] = []
+    agent = Agent(scripted([]))
+
+    @agent.tool
+    def charge(run_ctx: RunContext[None], amount: int) -> str:
+        fired.append(idempotency_key(run_ctx))
+        raise Crash
+
+    durable = DurableAgent(agent, effects={"charge"})
+    wf = ds.Workflow("doubt", store=ds.LocalStore(tmp_path))
+
+    @wf.step(in_doubt="raise")
+    def turn(state: dict[str, Any], ctx: ds.Context) -> None:
+        state["out"] = durable.run_sync("charge me", ctx=ctx).output
+
+    with pytest.raises(Crash):
+        wf.run("r", {})
+    with pytest.raises(ds.StepInDoubt) as info:
+        wf.run("r", {})
+    assert info.value.effect == "tool:k1"
+    assert info.value.key == fired[0]
+    wf.resolve("r", fired=True, result="charged 5 (by hand)")
+    assert wf.run("r")["out"] == "ok ['charged 5 (by hand)']"
+    assert len(fired) == 1

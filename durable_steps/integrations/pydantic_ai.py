@@ -104,6 +104,9 @@ if TYPE_CHECKING:
 __all__ = ["DurableAgent", "idempotency_key"]
 
 _TOOL_RETURN: TypeAdapter[ToolReturn[Any]] = TypeAdapter(ToolReturn)
+_SHAPES = frozenset({"return", "retry", "tool_return"})
+"""How a tool's outcome is recorded: ``{"return": json}``, ``{"retry": message}``
+(a ``ModelRetry``) or ``{"tool_return": ToolReturn as JSON}``."""
 
 
 @dataclass
@@ -272,8 +275,10 @@ def _dump_tool_result(result: Any, tool: str, binding: _Binding) -> Any:
 
 
 def _load_tool_result(recorded: Any) -> Any:
-    if recorded is None:  # an effect resolved as fired with no result given
-        return None
+    if not (isinstance(recorded, dict) and len(recorded) == 1 and recorded.keys() & _SHAPES):
+        # Not one of ours: what `wf.resolve(fired=True, result=...)` recorded for an
+        # effect in doubt (None without a result), which is the tool's return value.
+        return recorded
     if "retry" in recorded:
         raise ModelRetry(recorded["retry"])
     if "tool_return" in recorded:
