@@ -96,18 +96,33 @@ def reference(tmp_path_factory: pytest.TempPathFactory, mode: str) -> dict[str, 
     return _reference[mode]
 
 
-CRASHES = [
-    pytest.param("model:2:0", id="between-model-requests"),
-    pytest.param("tool:lookup:0", id="inside-a-read-tool"),
-    pytest.param("tool:refund:0", id="inside-an-effect-tool"),
-    pytest.param("recorded:tool:c2:0", id="after-an-effect-returned"),
-    pytest.param("model:3:0", id="request-after-the-effects"),
-    pytest.param("recorded:model:1:1", id="second-turn"),
-]
+CRASHES = {
+    "between-model-requests": "model:2:0",
+    "inside-a-read-tool": "tool:lookup:0",
+    "inside-an-effect-tool": "tool:refund:0",
+    "after-an-effect-returned": "recorded:tool:c2:0",
+    "request-after-the-effects": "model:3:0",
+    "second-turn": "recorded:model:1:1",
+}
+FAST = {
+    ("sync", "between-model-requests"),
+    ("sync", "inside-an-effect-tool"),
+    ("sync", "second-turn"),
+    ("async", "after-an-effect-returned"),
+}
+"""The crashes the extra Pythons run too (each case starts two child processes)."""
 
 
-@pytest.mark.parametrize("mode", ["sync", "async"])
-@pytest.mark.parametrize("crash", CRASHES)
+@pytest.mark.parametrize(
+    ("mode", "crash"),
+    [
+        pytest.param(
+            mode, cue, id=f"{mode}-{name}", marks=() if (mode, name) in FAST else pytest.mark.slow
+        )
+        for mode in ("sync", "async")
+        for name, cue in CRASHES.items()
+    ],
+)
 def test_a_killed_agent_run_replays_its_requests_and_fires_each_effect_under_one_key(
     tmp_path: Path, tmp_path_factory: pytest.TempPathFactory, crash: str, mode: str
 ) -> None:
