@@ -29,6 +29,7 @@ from pydantic_ai.messages import (
     ModelResponse,
     TextPart,
     ToolCallPart,
+    ToolReturn,
     ToolReturnPart,
 )
 from pydantic_ai.models.function import AgentInfo, FunctionModel
@@ -438,3 +439,54 @@ def test_an_effect_tool_in_doubt_raises_and_resolve_gives_the_model_its_result(
     wf.resolve("r", fired=True, result="charged 5 (by hand)")
     assert wf.run("r")["out"] == "ok ['charged 5 (by hand)']"
     assert len(fired) == 1
+
+
+def test_a_reused_tool_call_id_and_a_tool_return_are_recorded_apart_and_rebuilt(
+    tmp_path: Path,
+) -> None:
+    """A model reusing a tool call id in a later response gets a second record, and a
+    ToolReturn comes back a ToolReturn on replay; a retried step calls no tool again.
+    """
+    tools: list[str] = []
+
+    def model(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        n = sum(isinstance(m, ModelResponse) for m in messages)
+        if n < 2:
+            return ModelResponse(parts=[ToolCallPart("look", {"q": str(n)}, tool_call_id="same")])
+        return ModelResponse(parts=[TextPart("seen")])
+
+    agent = Agent(FunctionModel(model))
+
+    @agent.tool_plain
+    def look(q: str) -> ToolReturn:
+        tools.append(q)
+        return ToolReturn(return_value=f"looked {q}", metadata={"q": q})
+
+    durable = DurableAgent(agent)
+    names: list[str | None] = []
+    wf = ds.Workflow(
+        "reused",
+        store=ds.LocalStore(tmp_path),
+        on_event=[lambda e: names.append(e.call) if e.kind == "call_recorded" else None],
+    )
+    returns: list[list[Any]] = []
+
+    @wf.step(retry=ds.Retry(attempts=2, wait=0, on=RuntimeError))
+    def turn(state: dict[str, Any], ctx: ds.Context) -> None:
+        result = durable.run_sync("look twice", ctx=ctx)
+        returns.append(
+            [
+                (p.content, p.metadata)
+                for m in result.all_messages()
+                if isinstance(m, ModelRequest)
+                for p in m.parts
+                if isinstance(p, ToolReturnPart)
+            ]
+        )
+        if ctx.attempt == 1:
+            raise RuntimeError("retry")
+
+    wf.run("r", {})
+    assert tools == ["0", "1"]
+    assert names == ["model:1", "tool:same", "model:2", "tool:same@2", "model:3"]
+    assert returns[0] == returns[1] == [("looked 0", {"q": "0"}), ("looked 1", {"q": "1"})]
