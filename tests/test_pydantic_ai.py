@@ -36,6 +36,7 @@ from pydantic_ai.models.function import AgentInfo, FunctionModel
 from pydantic_ai.models.test import TestModel
 
 import durable_steps as ds
+from durable_steps import _delta
 from durable_steps.integrations.pydantic_ai import DurableAgent, idempotency_key
 from tests.pydaichild import read_lines
 
@@ -251,17 +252,24 @@ def test_history_in_the_state_carries_the_conversation_across_turns(tmp_path: Pa
     durable = DurableAgent(Agent(FunctionModel(model)))
     wf = ds.Workflow("chat", store=ds.LocalStore(tmp_path), until=lambda s: s["turn"] == 3)
 
+    snapshots: list[Any] = []
+
     @wf.step()
     async def turn(state: dict[str, Any], ctx: ds.Context) -> None:
         result = await durable.run(f"question {state['turn']}", ctx=ctx, state=state)
         state["replies"].append(result.output)
         state["turn"] += 1
+        snapshots.append(_delta.snapshot(state))
 
     final = asyncio.run(wf.arun("r", {"turn": 0, "replies": []}))
     assert final["replies"] == ["reply 1", "reply 3", "reply 5"]
     assert seen == [1, 3, 5]
     assert json.loads(json.dumps(final["messages"])) == final["messages"]
     assert len(final["messages"]) == 6
+    # The stored history re-dumps to the same JSON: each turn is an append (format 2
+    # writes the new messages only, not the whole conversation again).
+    ops = _delta.diff(snapshots[1], snapshots[2])
+    assert [op[0] for op in ops if op[1] == ["messages"]] == ["ext"]
 
 
 def test_state_and_message_history_together_are_refused(tmp_path: Path) -> None:
