@@ -498,3 +498,24 @@ def test_a_reused_tool_call_id_and_a_tool_return_are_recorded_apart_and_rebuilt(
     assert tools == ["0", "1"]
     assert names == ["model:1", "tool:same", "model:2", "tool:same@2", "model:3"]
     assert returns[0] == returns[1] == [("looked 0", {"q": "0"}), ("looked 1", {"q": "1"})]
+
+
+def test_a_step_called_by_hand_runs_the_agent_with_keys_for_its_effects() -> None:
+    """With a hand-made Context (a unit test of the step), the agent just runs; effect
+    tools still get a key, and state= still keeps the history.
+    """
+    keys: list[str] = []
+    agent = Agent(scripted([]))
+
+    @agent.tool
+    def charge(run_ctx: RunContext[None], amount: int) -> str:
+        keys.append(idempotency_key(run_ctx))
+        return "charged"
+
+    state: dict[str, Any] = {}
+    result = DurableAgent(agent, effects={"charge"}).run_sync(
+        "charge me", ctx=ds.Context("r", "wf", "turn", 0, 1, "ds-key"), state=state
+    )
+    assert result.output == "ok ['charged']"
+    assert keys[0].startswith("ds-")
+    assert len(state["messages"]) == 4
