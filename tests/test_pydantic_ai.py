@@ -519,3 +519,28 @@ def test_a_step_called_by_hand_runs_the_agent_with_keys_for_its_effects() -> Non
     assert result.output == "ok ['charged']"
     assert keys[0].startswith("ds-")
     assert len(state["messages"]) == 4
+
+
+def test_a_tool_result_that_is_not_json_names_the_tool_step_and_run(tmp_path: Path) -> None:
+    """A tool returning an object JSON cannot hold fails the step with a SerializationError
+    naming the tool, the step and the run, and saying the effect will re-fire under its key.
+    """
+    agent = Agent(scripted([]))
+
+    @agent.tool_plain
+    def charge(amount: int) -> object:
+        return object()
+
+    durable = DurableAgent(agent, effects={"charge"})
+    wf = ds.Workflow("not-json", store=ds.LocalStore(tmp_path))
+
+    @wf.step()
+    def turn(state: dict[str, Any], ctx: ds.Context) -> None:
+        durable.run_sync("charge me", ctx=ctx)
+
+    with pytest.raises(ds.StepFailed) as failed:
+        wf.run("r", {})
+    cause = failed.value.__cause__
+    assert isinstance(cause, ds.SerializationError)
+    assert "run not-json/r: step 'turn': the result of tool 'charge'" in str(cause)
+    assert "same idempotency key" in str(cause)

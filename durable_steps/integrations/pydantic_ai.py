@@ -265,10 +265,15 @@ def _dump_tool_result(result: Any, tool: str, binding: _Binding) -> Any:
         return {"return": to_jsonable_python(result)}
     except PydanticSerializationError as exc:
         ctx = binding.ctx
+        then = (
+            "It has fired: a retry of the step fires it again with the same idempotency key."
+            if tool in binding.effects
+            else "Nothing was recorded: the tool runs again when the step does."
+        )
         raise SerializationError(
             f"run {ctx.workflow}/{ctx.run_id}: step {ctx.step!r}: the result of tool {tool!r} "
-            f"cannot be recorded as JSON ({exc}). Return a JSON-able value (a str, dict, list, "
-            "a pydantic model or dataclass).",
+            f"cannot be recorded as JSON ({exc}). {then} Return a JSON-able value (a str, "
+            "dict, list, a pydantic model or dataclass).",
             run=f"{ctx.workflow}/{ctx.run_id}",
             step=ctx.step,
         ) from exc
