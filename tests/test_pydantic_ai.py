@@ -408,9 +408,16 @@ def test_outside_a_step_the_agent_runs_as_it_always_did() -> None:
 
 
 def test_import_durable_steps_does_not_import_pydantic_ai() -> None:
-    """The core never imports the extra: `import durable_steps` leaves pydantic_ai unloaded."""
-    code = "import sys, durable_steps; sys.exit('pydantic_ai' in sys.modules)"
-    assert subprocess.run([sys.executable, "-c", code], check=False).returncode == 0
+    """The core never imports the extra: `import durable_steps` (its worker and CLI too)
+    leaves pydantic_ai and pydantic unloaded.
+    """
+    code = (
+        "import sys, durable_steps, durable_steps.worker, durable_steps.cli\n"
+        "durable_steps.cli.build_parser()\n"
+        "bad = [m for m in sys.modules if m.split('.')[0] in ('pydantic_ai', 'pydantic')]\n"
+        "assert not bad, bad\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
 
 
 class Crash(BaseException):
