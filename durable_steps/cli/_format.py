@@ -160,6 +160,7 @@ _STATUS_COLORS = {
     "in_doubt": "yellow",
     "running": "cyan",
     "stopped": "magenta",
+    "waiting": "blue",
     "corrupt": "red",
 }
 
