@@ -4,9 +4,10 @@ A worker scanning 100 waiting runs resumes exactly the signalled ones, from
 its one LIST per scan. Then ``tests/waitchild.py`` (``draft`` -> ``approve``:
 ``ctx.wait_for("approval")`` then a refund effect -> ``notify``) is
 SIGKILLed at each boundary of suspending and waking, on a local directory
-and on real S3 servers, and finished: the approval's payload reaches the
-step's logic the same every time and is acted on once (one refund key), no
-signal is lost, and no step is skipped or committed twice.
+and on real S3 servers (a sample there; the rest is marked slow), and
+finished: the approval's payload reaches the step's logic the same every
+time and is acted on once (one refund key), no signal is lost, and no step
+is skipped or committed twice.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ import pytest
 
 import durable_steps as ds
 from durable_steps import _checkpoint as ckpt
-from tests.conftest import StoreTarget
+from tests.conftest import PERSISTENT_KINDS, S3_KINDS, StoreTarget
 from tests.crashchild import read_lines
 from tests.waitchild import EXIT_ALREADY_SENT, EXIT_WAITING, WORKFLOW, build_workflow
 
@@ -112,11 +113,26 @@ def test_a_worker_resumes_exactly_the_signalled_runs_from_its_listing() -> None:
 
 BEFORE_SIGNAL = ("before-wait", "after-wait")  # killed on the way to the wait
 WAKE = ("after-record", "inside-after-wait", "inside-effect", "before-commit", "after-commit")
-CASES = [pytest.param(crash, False, id=crash) for crash in (*BEFORE_SIGNAL, "after-signal", *WAKE)]
+CASES = [(crash, False, crash) for crash in (*BEFORE_SIGNAL, "after-signal", *WAKE)]
 CASES += [
-    pytest.param("after-record", True, id="worker-after-claim"),
-    pytest.param("inside-effect", True, id="worker-inside-effect"),
+    ("after-record", True, "worker-after-claim"),
+    ("inside-effect", True, "worker-inside-effect"),
 ]
+S3_SAMPLE = ("after-wait", "after-signal", "inside-effect", "worker-after-claim")
+"""On the S3 servers (a child there pays for boto3) these; the others are marked slow."""
+
+
+def _params() -> list[Any]:
+    params = []
+    for kind in PERSISTENT_KINDS:
+        for crash, worker, name in CASES:
+            marks = []
+            if kind in S3_KINDS:
+                marks.append(pytest.mark.s3)
+                if name not in S3_SAMPLE:
+                    marks.append(pytest.mark.slow)
+            params.append(pytest.param(kind, crash, worker, marks=marks, id=f"{kind}-{name}"))
+    return params
 
 
 @dataclass
@@ -155,7 +171,9 @@ def _header(store: ds.Store) -> ckpt.Checkpoint:
     return ckpt.decode(found[0], where=RUN)[0]
 
 
-@pytest.mark.parametrize(("crash", "worker"), CASES)
+@pytest.mark.parametrize(
+    ("durable_target", "crash", "worker"), _params(), indirect=["durable_target"]
+)
 def test_sigkill_around_suspend_and_wake_delivers_the_signal_once(
     durable_target: StoreTarget, tmp_path: Path, crash: str, worker: bool
 ) -> None:
