@@ -247,7 +247,9 @@ def test_signal_data_from_a_file_and_its_limits(
 
 
 def test_signal_is_signed_with_the_key(tmp_path: Path) -> None:
-    """With $DURABLE_STEPS_SIGNING_KEY the CLI signs a signal; a signed run refuses one without."""
+    """With $DURABLE_STEPS_SIGNING_KEY the CLI signs a signal; without, it refuses to send one
+    to a signed run (which would refuse it).
+    """
     store = tmp_path / "runs"
     wf = ds.Workflow("secure", store=str(store), signing_key="k1")
 
@@ -267,7 +269,9 @@ def test_signal_is_signed_with_the_key(tmp_path: Path) -> None:
     unsigned = cli(
         tmp_path, "--store", str(store), "signal", "secure/unsigned", "go", "--data", "2"
     )
-    assert unsigned.returncode == 0, unsigned.stderr
+    assert unsigned.returncode == 2  # refused before it takes the name for good
+    assert "set DURABLE_STEPS_SIGNING_KEY to its key; nothing was sent" in error_line(unsigned)
+    assert ds.Workflow("secure", store=str(store)).signal("unsigned", "go", 2)  # keyless
     with pytest.raises(ds.StepFailed, match="not signed with the workflow's signing key"):
         wf.run("unsigned")
 

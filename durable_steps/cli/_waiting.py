@@ -149,6 +149,13 @@ def _cmd_signal(args: argparse.Namespace, store: Store, style: Style) -> int:
     workflow, run_id = locate(store, args.run)
     header, _, _ = load(store, workflow, run_id)  # exit 3 when it does not exist
     key = os.environ.get(SIGNING_KEY_ENV)
+    if not key and header.serializer.endswith("+hmac-sha256"):
+        # Unsigned, it would take the name for good and be refused by the run.
+        raise CommandError(
+            f"run {header.run} is signed ({header.serializer}), so it refuses an unsigned "
+            f"signal: set {SIGNING_KEY_ENV} to its key; nothing was sent",
+            EXIT_USAGE,
+        )
     signer = SignedSerializer(JSONSerializer(), key) if key else None
     try:
         sent = _signals.send(store, workflow, run_id, args.name, payload, signer)
