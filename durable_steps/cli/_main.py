@@ -53,7 +53,7 @@ an in-doubt step, e.g. a payment that may have gone through before a crash:
 a run waiting for a person (ctx.wait_for("approval")):
   {PROG} ls --status waiting                what each waits for (WAITING FOR)
   {PROG} signal refunds/t-9 approval --data '{{"approved": true}}'
-                                            then rerun it, or a worker resumes it
+                                                   then rerun it, or a worker resumes it
 
 clean up:
   {PROG} rm pay/order-17                    one run (refuses live or in-doubt runs)
