@@ -272,8 +272,16 @@ def test_signal_is_signed_with_the_key(tmp_path: Path) -> None:
     assert unsigned.returncode == 2  # refused before it takes the name for good
     assert "set DURABLE_STEPS_SIGNING_KEY to its key; nothing was sent" in error_line(unsigned)
     assert ds.Workflow("secure", store=str(store)).signal("unsigned", "go", 2)  # keyless
-    with pytest.raises(ds.StepFailed, match="not signed with the workflow's signing key"):
+    with pytest.raises(ds.StepFailed, match="not signed with the workflow's signing key") as bad:
         wf.run("unsigned")
+    # What the error says to do works: delete the object, send it with the key, rerun.
+    assert "Delete 'secure/unsigned/signals/go' (a name is sent once)" in str(bad.value)
+    wf.store.delete("secure/unsigned/signals/go")
+    again = cli(
+        tmp_path, "--store", str(store), "signal", "secure/unsigned", "go", "--data", "3", env=key
+    )
+    assert again.returncode == 0, again.stderr
+    assert wf.run("unsigned") == {"got": 3}
 
 
 def test_sleeping_run_in_ls_and_show(tmp_path: Path) -> None:
