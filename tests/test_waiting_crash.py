@@ -244,3 +244,30 @@ def test_a_signal_sent_before_the_wait_survives_a_kill_after_its_record(
     assert json.loads(done.stdout) == FINAL
     assert len(child.ledger()) == 1
     store.close()
+
+
+# --- found while testing: for the core to decide --------------------------------------
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="core: a non-idempotent step keeps its intent when it suspends, so its wake is "
+    "taken for a crash (StepInDoubt under in_doubt='raise'); see the wcli report",
+)
+def test_a_non_idempotent_step_that_waits_is_not_in_doubt_when_woken() -> None:
+    """A clean suspend is no crash: a non-idempotent step woken by its signal goes on."""
+    store = ds.MemoryStore()
+    wf = ds.Workflow("mail", store=store)
+    sent: list[str] = []
+
+    @wf.step(idempotent=False, in_doubt="raise")
+    def send(state: dict[str, Any], ctx: ds.Context) -> None:
+        if ctx.wait_for("approval")["approved"]:  # nothing is sent before the approval
+            sent.append(ctx.idempotency_key)
+        state["sent"] = True
+
+    with pytest.raises(ds.RunSuspended):
+        wf.run("m1")
+    assert wf.signal("m1", "approval", {"approved": True})
+    assert wf.run("m1") == {"sent": True}  # today: StepInDoubt "may have fired before the crash"
+    assert len(sent) == 1
