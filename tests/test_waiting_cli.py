@@ -389,3 +389,43 @@ def test_rm_and_prune_remove_a_runs_signals(tmp_path: Path) -> None:
     header = ckpt.decode(store.get("hold/gone/checkpoint")[0], where="gone")[0]  # type: ignore[index]
     assert header.status == "deleted"
     store.close()
+
+
+APP = """
+import durable_steps as ds
+
+workflow = ds.Workflow("desk", store={store!r})
+
+
+@workflow.step()
+def ask(state, ctx):
+    state["answer"] = ctx.wait_for("answer")
+"""
+
+
+def test_the_worker_command_resumes_a_run_once_signalled(tmp_path: Path) -> None:
+    """durable-steps worker --until-idle leaves a waiting run waiting, and finishes it once
+    `durable-steps signal` was sent.
+    """
+    store = str(tmp_path / "runs")
+    (tmp_path / "deskapp.py").write_text(APP.format(store=store))
+    env = {"PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])}
+    wf = ds.Workflow("desk", store=store)
+
+    @wf.step()
+    def ask(state: dict[str, Any], ctx: ds.Context) -> None:
+        state["answer"] = ctx.wait_for("answer")
+
+    assert wf.submit("q1")
+    worker = ("--store", store, "worker", "--app", "deskapp:workflow", "--until-idle")
+    first = cli(tmp_path, *worker, env=env)
+    assert first.returncode == 0, first.stderr
+    assert "1 waiting" in first.stdout
+    assert "0 completed" in first.stdout
+    assert row(cli(tmp_path, "--store", store, "ls").stdout, "desk/q1").endswith("signal answer")
+    sent = cli(tmp_path, "--store", store, "signal", "desk/q1", "answer", "--data", '"42"')
+    assert sent.returncode == 0, sent.stderr
+    second = cli(tmp_path, *worker, env=env)
+    assert second.returncode == 0, second.stderr
+    assert "1 completed" in second.stdout
+    assert wf.run("q1") == {"answer": "42"}
