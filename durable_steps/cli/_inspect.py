@@ -56,6 +56,7 @@ __all__ = ["describe", "next_hint", "register", "summary"]
 
 _SIGNED = "+hmac-sha256"
 _FINISHED = ("completed", "deleted")  # "deleted": a tombstone, see _cleanup
+# What `ls --status` filters by, with "corrupt" (ls only).
 _LS_STATUSES = ("running", "stopped", "waiting", "completed", "deleted", "failed", "in-doubt")
 
 
