@@ -72,9 +72,7 @@ def error_line(proc: subprocess.CompletedProcess[str]) -> str:
 
 
 def test_approval_example_transcript(tmp_path: Path) -> None:
-    """approval.py waits; ls/show say for what and how to unblock it; signal's exit codes
-    (bad JSON 2, missing run 3, sent 0, sent twice 4, finished run 3); the rerun refunds once.
-    """
+    """approval.py waits, ls/show say for what and how to unblock it, signal exits 2/3/0/4/3."""
     first = run(tmp_path, str(APPROVAL))
     assert first.returncode == 0, first.stderr
     out = first.stdout
@@ -247,9 +245,7 @@ def test_signal_data_from_a_file_and_its_limits(
 
 
 def test_signal_is_signed_with_the_key(tmp_path: Path) -> None:
-    """With $DURABLE_STEPS_SIGNING_KEY the CLI signs a signal; without, it refuses to send one
-    to a signed run (which would refuse it).
-    """
+    """The CLI signs with $DURABLE_STEPS_SIGNING_KEY; without it a signed run is refused (2)."""
     store = tmp_path / "runs"
     wf = ds.Workflow("secure", store=str(store), signing_key="k1")
 
@@ -404,9 +400,7 @@ def ask(state, ctx):
 
 
 def test_the_worker_command_resumes_a_run_once_signalled(tmp_path: Path) -> None:
-    """durable-steps worker --until-idle leaves a waiting run waiting, and finishes it once
-    `durable-steps signal` was sent.
-    """
+    """durable-steps worker leaves a waiting run waiting and finishes it once signalled."""
     store = str(tmp_path / "runs")
     (tmp_path / "deskapp.py").write_text(APP.format(store=store))
     env = {"PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])}

@@ -58,9 +58,7 @@ class CountingStore:
 
 
 def test_a_worker_resumes_exactly_the_signalled_runs_from_its_listing() -> None:
-    """100 waiting runs, 50 signalled: the worker resumes exactly those 50; a scan is one
-    LIST, plus one GET per run that changed since the last scan (none for a signal).
-    """
+    """100 waiting, 50 signalled: exactly those resume; a scan is 1 LIST + 1 GET per change."""
     counting = CountingStore(ds.MemoryStore())
     wf = ds.Workflow("hundred", store=counting)  # type: ignore[arg-type]
 
@@ -230,9 +228,7 @@ def test_sigkill_around_suspend_and_wake_delivers_the_signal_once(
 def test_a_signal_sent_before_the_wait_survives_a_kill_after_its_record(
     durable_target: StoreTarget, tmp_path: Path
 ) -> None:
-    """A signal sent before the run waits is used at once; killed after recording it, the
-    rerun replays the recorded payload even with the signal object gone.
-    """
+    """An early signal is used at once; killed after its record, the rerun replays the record."""
     child, store = Child(durable_target, tmp_path), durable_target.open()
     assert build_workflow(store, tmp_path / "x", tmp_path / "y", None).submit(RUN)  # it must exist
     assert child("send", "--data", json.dumps(PAYLOAD)).returncode == 0
