@@ -109,8 +109,10 @@ def decode(
         ):
             raise CorruptCheckpoint(
                 f"{where} is not signed with the workflow's signing key, so it was refused "
-                "unread (anyone who can write the store could have sent it). Send it with the "
-                "key (wf.signal, or $DURABLE_STEPS_SIGNING_KEY for the command line).",
+                "unread (anyone who can write the store could have sent it). Delete "
+                f"{signal_key(workflow, run_id, name)!r} (a name is sent once) and send it "
+                "again with the key (wf.signal, or $DURABLE_STEPS_SIGNING_KEY for the "
+                "command line).",
                 run=run,
             )
         data = body

@@ -6,7 +6,8 @@ Works on any store: ``--store URL`` (a path, ``file:///path``,
 
     durable-steps ls [--workflow W] [--status STATUS] [--json]
     durable-steps show RUN [--state [--unsafe-unpickle]] [--json]
-    durable-steps resolve RUN (--fired | --not-fired) [--force]
+    durable-steps signal RUN NAME [--data JSON | --data @file]
+    durable-steps resolve RUN (--fired | --not-fired) [--result JSON] [--force]
     durable-steps rm RUN [--force]
     durable-steps prune (--completed | --failed) --older-than 7d [--workflow W] [--yes]
 
@@ -25,17 +26,19 @@ a new key). ``prune`` is a dry run unless ``--yes``.
 Exit status: 0 success; 1 error (the store failed, a checkpoint cannot be
 read); 2 usage (bad arguments, store URL, run name or duration, a bare run
 id that several runs have, a pickle state without ``--unsafe-unpickle`` or
-its signing key); 3 the run does not exist; 4 refused (a live process owns
+its signing key, a signal's payload not JSON or too large); 3 the run does
+not exist (or, for ``signal``, has finished); 4 refused (a live process owns
 the run, its status does not allow it without ``--force``, nothing is in
-doubt, the object is not a checkpoint, or the run changed meanwhile).
+doubt, the object is not a checkpoint, the run changed meanwhile, or the
+signal was already sent).
 Errors are one line on stderr (``durable-steps: error: ...``);
 ``--debug`` adds the traceback and the library's debug log.
 
-One module per group of commands (``_inspect``: ls and show; ``_doubt``:
-resolve; ``_cleanup``: rm and prune; ``_worker``: worker), over ``_runs``
-(reading runs from a store), ``_format`` (units, tables, colour) and
-``_base`` (exit statuses, errors, argument types); ``_main`` builds the
-parser and runs a command.
+One module per group of commands (``_inspect``: ls and show; ``_waiting``:
+signal, and what waiting runs wait for; ``_doubt``: resolve; ``_cleanup``:
+rm and prune; ``_worker``: worker), over ``_runs`` (reading runs from a
+store), ``_format`` (units, tables, colour) and ``_base`` (exit statuses,
+errors, argument types); ``_main`` builds the parser and runs a command.
 """
 
 from ._base import EXIT_ERROR, EXIT_NOT_FOUND, EXIT_OK, EXIT_REFUSED, EXIT_USAGE

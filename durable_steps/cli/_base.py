@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import json
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from .. import _checkpoint as ckpt
@@ -19,6 +21,7 @@ __all__ = [
     "RUN_HELP",
     "CommandError",
     "arg",
+    "json_argument",
     "run_ref",
     "workflow_name",
 ]
@@ -68,3 +71,16 @@ def run_ref(text: str) -> tuple[str | None, str]:
 def workflow_name(text: str) -> str:
     """A validated workflow name."""
     return ckpt.validate_name(text, "workflow name")
+
+
+def json_argument(text: str, option: str) -> Any:
+    """A JSON command-line value, given inline or as ``@file``; bad JSON exits 2."""
+    if text.startswith("@"):
+        try:
+            text = Path(text[1:]).read_text()
+        except OSError as exc:
+            raise CommandError(f"{option}: cannot read {text[1:]!r}: {exc}", EXIT_USAGE) from exc
+    try:
+        return json.loads(text)
+    except ValueError as exc:
+        raise CommandError(f"{option}: not JSON ({exc})", EXIT_USAGE) from exc

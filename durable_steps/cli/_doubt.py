@@ -6,13 +6,12 @@ import argparse
 import json
 import os
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 from .. import _resolve
 from ..serializers import SIGNING_KEY_ENV, JSONSerializer, SignedSerializer, resolve_serializer
 from ..stores import Store
-from ._base import EXIT_OK, EXIT_REFUSED, EXIT_USAGE, RUN_HELP, CommandError, run_ref
+from ._base import EXIT_OK, EXIT_REFUSED, RUN_HELP, CommandError, json_argument, run_ref
 from ._format import Style, echo, status_label
 from ._runs import load, locate, open_effects, run_status
 
@@ -42,7 +41,7 @@ def _cmd_resolve(args: argparse.Namespace, store: Store, style: Style) -> int:
     result = _resolve.NO_RESULT
     serializer = None
     if args.result is not None:
-        result = _json_argument(args.result, "--result")
+        result = json_argument(args.result, "--result")
         serializer = resolve_serializer(header.serializer.removesuffix("+hmac-sha256"), key)
     _resolve.resolve(
         store,
@@ -64,21 +63,12 @@ def _cmd_resolve(args: argparse.Namespace, store: Store, style: Style) -> int:
         where = f"iteration {intent.get('iteration')}, key {intent.get('key')}"
         resolved.append(f"step {intent.get('step')!r} ({where})")
     resolved += [f"effect {e.get('name')!r} (key {e.get('key')})" for e in effects]
+    if result is not _resolve.NO_RESULT:
+        shown = json.dumps(result, separators=(",", ":"))
+        shown = shown if len(shown) <= 200 else f"{shown[:197]}..."
+        what += f"; the result {shown} was recorded: its ctx.effect returns it"
     echo(f"resolved {header.run}: {', '.join(resolved)} {what}. Rerun the workflow.")
     return EXIT_OK
-
-
-def _json_argument(text: str, option: str) -> Any:
-    """A JSON command-line value, given inline or as ``@file``."""
-    if text.startswith("@"):
-        try:
-            text = Path(text[1:]).read_text()
-        except OSError as exc:
-            raise CommandError(f"{option}: cannot read {text[1:]!r}: {exc}", EXIT_USAGE) from exc
-    try:
-        return json.loads(text)
-    except ValueError as exc:
-        raise CommandError(f"{option}: not JSON ({exc})", EXIT_USAGE) from exc
 
 
 def register(command: Callable[..., Any]) -> None:

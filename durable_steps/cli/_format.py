@@ -160,6 +160,7 @@ _STATUS_COLORS = {
     "in_doubt": "yellow",
     "running": "cyan",
     "stopped": "magenta",
+    "waiting": "blue",
     "corrupt": "red",
 }
 
@@ -225,6 +226,6 @@ def table(
             elif color is not None:
                 padded = color(row, i, padded)
             parts.append(padded)
-        return indent + "  ".join(parts)
+        return (indent + "  ".join(parts)).rstrip()  # an empty last cell leaves none
 
     return [line(headers, None)] + [line(row, r) for r, row in enumerate(rows)]

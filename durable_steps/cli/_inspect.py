@@ -50,11 +50,14 @@ from ._runs import (
     peek_header,
     run_status,
 )
+from ._waiting import signal_sent, wait_hint, wait_lines, waiting_for
 
 __all__ = ["describe", "next_hint", "register", "summary"]
 
 _SIGNED = "+hmac-sha256"
 _FINISHED = ("completed", "deleted")  # "deleted": a tombstone, see _cleanup
+# What `ls --status` filters by, with "corrupt" (ls only).
+_LS_STATUSES = ("running", "stopped", "waiting", "completed", "deleted", "failed", "in-doubt")
 
 
 def _next_step(header: dict[str, Any]) -> str | None:
@@ -66,7 +69,9 @@ def _next_step(header: dict[str, Any]) -> str | None:
 
 
 def ls_row(run: RunInfo, now: float) -> list[str]:
-    """The cells of ``run`` in ``ls``: workflow, run, status, step, iteration, age, size."""
+    """The cells of ``run`` in ``ls``: workflow, run, status, step, iteration, age, size,
+    and what it waits for.
+    """
     h = run.header or {}
     step, updated = _next_step(h), h.get("updated_at")
     if run.problem is not None:
@@ -83,6 +88,7 @@ def ls_row(run: RunInfo, now: float) -> list[str]:
         str(h.get("iteration", "?")),
         human_age(now - float(updated)) if updated is not None else "?",
         human_size(run.size),
+        waiting_for(run.header, run.signals, now),
     ]
 
 
@@ -169,8 +175,15 @@ def _finished_hint(header: ckpt.Checkpoint) -> str:
     )
 
 
-def next_hint(header: ckpt.Checkpoint) -> str:
-    """What to do about a run, in one sentence (the ``next:`` line of ``show``)."""
+def next_hint(header: ckpt.Checkpoint, sent_at: float | None = None) -> str:
+    """What to do about a run, in one sentence (the ``next:`` line of ``show``);
+    ``sent_at``: when the signal a waiting run waits for was sent.
+    """
+    return wait_hint(header, sent_at, time.time()) or _hint(header)
+
+
+def _hint(header: ckpt.Checkpoint) -> str:
+    """:func:`next_hint` of a run that does not wait."""
     name = header.run
     step = header.steps[header.next_step] if header.next_step < len(header.steps) else "?"
     intent = header.intent or _effect_intent(header) or {}
@@ -224,7 +237,10 @@ def _format_text(header: ckpt.Checkpoint) -> str:
     return "2 (a small head with the recent changes, and parts it references)"
 
 
-def describe(header: ckpt.Checkpoint, payload: bytes, size: int, style: Style) -> list[str]:
+def describe(
+    header: ckpt.Checkpoint, payload: bytes, size: int, style: Style, sent_at: float | None = None
+) -> list[str]:
+    """The lines of ``show``; ``sent_at`` as for :func:`next_hint`."""
     now = time.time()
     n = len(header.steps)
     if header.status in _FINISHED:
@@ -250,6 +266,7 @@ def describe(header: ckpt.Checkpoint, payload: bytes, size: int, style: Style) -
         ],
         style,
     )
+    lines += wait_lines(header, sent_at, style, now)
     if header.intent:
         intent = header.intent
         resolution = intent.get("resolution") or "none yet"
@@ -293,7 +310,7 @@ def describe(header: ckpt.Checkpoint, payload: bytes, size: int, style: Style) -
         lines += ["", style.bold("recent steps (oldest first)")]
         headers = ["STEP", "ITER", "ATTEMPTS", "DURATION", "COMMITTED"]
         lines += table(headers, rows, style=style, right=(1, 2, 3), indent="  ")
-    lines += ["", f"{style.bold('next:')} {clean(next_hint(header))}"]
+    lines += ["", f"{style.bold('next:')} {clean(next_hint(header, sent_at))}"]
     return lines
 
 
@@ -340,6 +357,8 @@ def summary(run: RunInfo, now: float) -> dict[str, Any]:
         "size": run.size,
         "intent": h.get("intent"),
         "error": h.get("error"),
+        "wait": h.get("wait"),
+        "waiting_for": waiting_for(h, run.signals, now) or None,
         "problem": run.problem,
     }
 
@@ -405,7 +424,7 @@ def _cmd_ls(args: argparse.Namespace, store: Store, style: Style) -> int:
     def paint(row: int, column: int, text: str) -> str:
         return style.status(runs[row].status, text) if column == 2 else text
 
-    headers = ["WORKFLOW", "RUN", "STATUS", "STEP", "ITER", "AGE", "SIZE"]
+    headers = ["WORKFLOW", "RUN", "STATUS", "STEP", "ITER", "AGE", "SIZE", "WAITING FOR"]
     print("\n".join(table(headers, rows, style=style, color=paint, right=(4, 6))))
     return EXIT_OK
 
@@ -425,7 +444,7 @@ def _cmd_show(args: argparse.Namespace, store: Store, style: Style) -> int:
             doc["state"] = state
         print(json_text(doc))
         return EXIT_OK
-    lines = describe(header, payload, len(data), style)
+    lines = describe(header, payload, len(data), style, signal_sent(store, header))
     if args.state:
         text = "none: deleted when the run completed" if gone else None
         lines += ["", style.bold("state"), text or state_text(state, header.serializer)]
@@ -440,19 +459,20 @@ def register(command: Callable[..., Any]) -> None:
         _cmd_ls,
         "list runs: status, step reached, age, size",
         "List runs, one per line: workflow, run id, status, the next step to run (or "
-        "'done'), iteration, time since the last checkpoint, size. Statuses: running (a "
-        "live process owns it), stopped (nobody runs it: crashed, killed or released), "
-        "failed, in-doubt (a non-idempotent step may have fired: its policy stopped the run, "
-        "or the run crashed with the step's intent pending), completed, deleted (completed "
-        "with on_complete='delete': only a tombstone is left); 'corrupt' for a checkpoint "
-        "that cannot be read.",
+        "'done'), iteration, time since the last checkpoint, size, and what a waiting run "
+        "waits for. Statuses: running (a live process owns it), stopped (nobody runs it: "
+        "crashed, killed or released), waiting (a step waits for a time or a signal), failed, "
+        "in-doubt (a non-idempotent step may have fired: its policy stopped the run, or the "
+        "run crashed with the step's intent pending), completed, deleted (completed with "
+        "on_complete='delete': only a tombstone is left); 'corrupt' for a checkpoint that "
+        "cannot be read.",
     )
     ls.add_argument("--workflow", "-w", type=workflow_name, help="only runs of this workflow")
     ls.add_argument(
         "--status",
         "-s",
         type=lambda s: s.replace("_", "-"),
-        choices=("running", "stopped", "completed", "deleted", "failed", "in-doubt", "corrupt"),
+        choices=(*_LS_STATUSES, "corrupt"),
         help="only runs with this status",
     )
     ls.add_argument("--json", action="store_true", help="a JSON array, for machines")
@@ -460,11 +480,11 @@ def register(command: Callable[..., Any]) -> None:
     show = command(
         "show",
         _cmd_show,
-        "why a run stopped: position, owner, pending intent, last error, history",
+        "why a run stopped: position, owner, what it waits for, pending intent, last error",
         "Show a run: status; where it stopped (next step, iteration, commits); its owner "
-        "(host:pid and lease, or none); the pending intent of a non-idempotent step and its "
-        "idempotency key; the last error and its attempts; recent steps with durations; and "
-        "what to do next.",
+        "(host:pid and lease, or none); what a waiting run waits for; the pending intent of a "
+        "non-idempotent step and its idempotency key; the last error and its attempts; recent "
+        "steps with durations; and what to do next.",
     )
     show.add_argument("run", metavar="RUN", type=run_ref, help=RUN_HELP)
     show.add_argument("--state", action="store_true", help="also print the saved state")

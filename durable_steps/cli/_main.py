@@ -14,7 +14,7 @@ from typing import Any, NoReturn
 from .._version import __version__
 from ..errors import CheckpointConflict, DefinitionError, DurableStepsError, RunLocked
 from ..stores import DEFAULT_STORE, STORE_ENV, Store, open_store
-from . import _cleanup, _doubt, _inspect, _worker
+from . import _cleanup, _doubt, _inspect, _waiting, _worker
 from ._base import EXIT_ERROR, EXIT_REFUSED, EXIT_USAGE, PROG, CommandError
 from ._format import Style, echo, use_color
 
@@ -25,6 +25,8 @@ statuses:
   running    a live process owns it now (`show` gives its host:pid and lease)
   stopped    nobody is running it: it crashed, was killed or released -- rerun
              the workflow or start a worker to resume it
+  waiting    a step waits (ctx.sleep, ctx.wait_for) for a time or a signal; no
+             process holds it: `ls` says for what, `show` how to unblock it
   failed     a step raised and used up its retries
   in-doubt   a non-idempotent step may have fired before a crash (its intent is
              pending): `show` says what a rerun does; decide with `resolve`
@@ -48,6 +50,11 @@ an in-doubt step, e.g. a payment that may have gone through before a crash:
   {PROG} resolve pay/order-17 --fired       it happened: the rerun skips the step
   {PROG} resolve pay/order-17 --not-fired   it did not: the rerun fires it, same key
 
+a run waiting for a person (ctx.wait_for("approval")):
+  {PROG} ls --status waiting                what each waits for (WAITING FOR)
+  {PROG} signal refunds/t-9 approval --data '{{"approved": true}}'
+                                                   then rerun it, or a worker resumes it
+
 clean up:
   {PROG} rm pay/order-17                    one run (refuses live or in-doubt runs)
   {PROG} prune --completed --older-than 7d  list what would go; add --yes to delete
@@ -60,10 +67,12 @@ store: --store URL, else ${STORE_ENV}, else {DEFAULT_STORE}. A URL is a path,
   AWS_ENDPOINT_URL_S3 for MinIO, R2, Ceph, SeaweedFS, ...).
 
 exit status:
-  0 ok   1 error (store failed, unreadable checkpoint)   3 run not found
-  2 usage (also: a bare run id that several runs have)
+  0 ok   1 error (store failed, unreadable checkpoint)
+  2 usage (also: a bare run id that several runs have; a signal's bad JSON)
+  3 run not found (signal: also a finished run)
   4 refused (a live process owns the run, the status does not allow it, nothing
-    to resolve, not a checkpoint, or the run changed meanwhile)
+    to resolve, not a checkpoint, the run changed meanwhile, or the signal was
+    already sent)
 colour only on a terminal, never when NO_COLOR is set."""
 
 
@@ -117,7 +126,7 @@ def build_parser() -> argparse.ArgumentParser:
         sub.set_defaults(handler=handler)
         return sub
 
-    for group in (_inspect, _doubt, _cleanup, _worker):
+    for group in (_inspect, _waiting, _doubt, _cleanup, _worker):
         group.register(command)
     return parser
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from .. import _checkpoint as ckpt
@@ -62,6 +62,7 @@ class RunInfo:
     status: str  # the status shown (see run_status), or "corrupt"
     problem: str | None
     version: str  # as read: deletes are conditional on it
+    signals: frozenset[str] = frozenset()  # the names of the signals sent to it
 
     @classmethod
     def parse(cls, workflow: str, run_id: str, key: str, data: bytes, version: str) -> RunInfo:
@@ -92,21 +93,36 @@ class RunInfo:
 
 def _run_keys(store: Store, workflow: str | None) -> list[tuple[str, str, str]]:
     """``(workflow, run_id, key)`` of every checkpoint key under ``workflow/``: one LIST."""
-    keys = []
+    return _listing(store, workflow)[0]
+
+
+def _listing(
+    store: Store, workflow: str | None
+) -> tuple[list[tuple[str, str, str]], dict[tuple[str, str], set[str]]]:
+    """One LIST: the checkpoint keys (as :func:`_run_keys`), and the names of the
+    signals sent, by ``(workflow, run_id)``.
+    """
+    keys: list[tuple[str, str, str]] = []
+    signals: dict[tuple[str, str], set[str]] = {}
     for info in store.list(f"{workflow}/" if workflow else ""):
         parts = info.key.split("/")
         if len(parts) == 3 and parts[2] == ckpt.CHECKPOINT_OBJECT:
             keys.append((parts[0], parts[1], info.key))
-    return keys
+        elif len(parts) == 4 and parts[2] == "signals" and parts[3]:
+            signals.setdefault((parts[0], parts[1]), set()).add(parts[3])
+    return keys, signals
 
 
 def find_runs(store: Store, workflow: str | None) -> list[RunInfo]:
     """Every run under ``workflow/`` (or the whole store): one LIST, one GET per run."""
-    keys = _run_keys(store, workflow)
+    keys, signals = _listing(store, workflow)
 
     def fetch(item: tuple[str, str, str]) -> RunInfo | None:
         found = store.get(item[2])
-        return None if found is None else RunInfo.parse(*item, *found)
+        if found is None:
+            return None
+        sent = frozenset(signals.get(item[:2], ()))
+        return replace(RunInfo.parse(*item, *found), signals=sent)
 
     with ThreadPoolExecutor(max_workers=max(1, min(16, len(keys)))) as pool:
         return [run for run in pool.map(fetch, keys) if run is not None]
