@@ -108,10 +108,14 @@ class Journal:
     in this process (see the module docstring).
     """
 
-    def __init__(self, run: RunState, step: str, iteration: int, policy: str) -> None:
+    def __init__(
+        self, run: RunState, step: str, iteration: int, policy: str, *, idempotent: bool = True
+    ) -> None:
         self.run = run
         self.step = step
         self.iteration = iteration
+        self.idempotent = idempotent
+        """False for a non-idempotent step, which may not wait (see ``_waiting``)."""
         self.policy = policy
         """The step's in-doubt policy, recorded with each intent for the tools."""
         self.results: dict[str, _Result] = {}

@@ -277,7 +277,7 @@ def _advance(run: RunState, step: Step[..., Any], index: int) -> Protocol[None]:
         key = intent["key"]  # type: ignore[index]  # the persisted key wins over a re-derived one
     ctx = Context(run.run_id, run.plan.workflow, step.name, header.iteration, 1, key, in_doubt)
     policy = "reconcile" if step.reconcile is not None else step.in_doubt
-    journal = Journal(run, step.name, header.iteration, policy)
+    journal = Journal(run, step.name, header.iteration, policy, idempotent=step.idempotent)
     ctx._journal = journal
     run.mark = len(run.payload) if run.parts is not None else None
 

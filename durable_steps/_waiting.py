@@ -45,8 +45,30 @@ class Suspend(BaseException):
 # --- inside the step: the waits, journaled ---------------------------------------------
 
 
+def _may_wait(journal: Journal, what: str) -> None:
+    """Refuse a wait in a non-idempotent step.
+
+    A waiting step runs again from its start when woken, so whatever a
+    non-idempotent step did before its wait would happen again — and its
+    intent, written before it fired, would make the wake look like a crash
+    (in doubt). Its side effects belong in ``ctx.effect``, which the re-run
+    replays: then the step itself is idempotent.
+    """
+    if not journal.idempotent:
+        run = journal.run
+        raise DefinitionError(
+            f"run {run.name}: step {journal.step!r} is idempotent=False and calls {what}: a "
+            "step that waits runs again from its start when it wakes, so a non-idempotent "
+            "step may not wait. Make the step idempotent and put its side effects in "
+            "ctx.effect(...) (replayed, never fired twice), or wait in a step of its own.",
+            run=run.name,
+            step=journal.step,
+        )
+
+
 def sleep_until(journal: Journal, wake: Callable[[], float]) -> None:
     """``ctx.sleep``/``sleep_until``: suspend until the recorded wake time."""
+    _may_wait(journal, "ctx.sleep")
     with journal._cond:
         journal.sleeps += 1
         name = f"sleep#{journal.sleeps}"
@@ -57,6 +79,7 @@ def sleep_until(journal: Journal, wake: Callable[[], float]) -> None:
 
 def wait_for(journal: Journal, name: str, timeout: float | None) -> Any:
     """``ctx.wait_for``: the signal's payload, recorded; or suspend until it comes."""
+    _may_wait(journal, f"ctx.wait_for({name!r})")
     run = journal.run
     try:
         ckpt.validate_name(name, "signal name")

@@ -245,25 +245,23 @@ def test_a_signal_sent_before_the_wait_survives_a_kill_after_its_record(
 # --- found while testing: for the core to decide --------------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="core: a non-idempotent step keeps its intent when it suspends, so its wake is "
-    "taken for a crash (StepInDoubt under in_doubt='raise'); see the wcli report",
-)
-def test_a_non_idempotent_step_that_waits_is_not_in_doubt_when_woken() -> None:
-    """A clean suspend is no crash: a non-idempotent step woken by its signal goes on."""
+def test_a_non_idempotent_step_may_not_wait() -> None:
+    """A wait in an idempotent=False step is refused before anything waits or fires:
+    woken, it would run again from its start, and its intent would look like a crash.
+    """
     store = ds.MemoryStore()
     wf = ds.Workflow("mail", store=store)
     sent: list[str] = []
 
     @wf.step(idempotent=False, in_doubt="raise")
     def send(state: dict[str, Any], ctx: ds.Context) -> None:
-        if ctx.wait_for("approval")["approved"]:  # nothing is sent before the approval
+        if ctx.wait_for("approval")["approved"]:
             sent.append(ctx.idempotency_key)
-        state["sent"] = True
 
-    with pytest.raises(ds.RunSuspended):
+    with pytest.raises(ds.StepFailed) as info:
         wf.run("m1")
-    assert wf.signal("m1", "approval", {"approved": True})
-    assert wf.run("m1") == {"sent": True}  # today: StepInDoubt "may have fired before the crash"
-    assert len(sent) == 1
+    cause = info.value.__cause__
+    assert isinstance(cause, ds.DefinitionError)
+    assert "may not wait" in str(cause)
+    assert "ctx.effect" in str(cause)
+    assert sent == []
