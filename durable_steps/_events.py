@@ -29,6 +29,7 @@ EventKind = Literal[
     "step_failed",  # retries used up; the run stops, resumable
     "step_in_doubt",  # an intent without a commit was found
     "run_completed",  # the terminal marker was written
+    "code_changed",  # the run was made by other code; `detail` says what the resume does
 ]
 
 
@@ -46,6 +47,8 @@ class Event:
     """Seconds the step took (committed, failed) or will wait (retrying)."""
     error: BaseException | None = None
     idempotency_key: str | None = None
+    detail: str | None = None
+    """``code_changed``: what differs from the code that made the run, and what is done."""
 
 
 Subscriber = Callable[[Event], object]
@@ -93,6 +96,7 @@ class Progress:
             "step_failed": f"{run}: {where} FAILED: {event.error!r}",
             "step_in_doubt": f"{run}: {where} may have fired before a crash",
             "run_completed": f"{run}: completed",
+            "code_changed": f"{run}: {event.detail}",
         }[event.kind]
         line = f"{text} · {self._commits} steps · {elapsed:.1f}s"
         final = event.kind in ("run_completed", "step_failed")
