@@ -50,6 +50,7 @@ from .errors import (
 
 __all__ = [
     "Decision",
+    "ForkRefused",
     "adopt",
     "check_serializer",
     "code_changes",
@@ -375,6 +376,10 @@ def code_changes(recorded: dict[str, str] | None, current: dict[str, str]) -> li
 # --- fork ---------------------------------------------------------------------
 
 
+class ForkRefused(DurableStepsError):
+    """The fork was refused and nothing was written (the command line exits 4)."""
+
+
 def fork(plan: Plan, source: str, target: str) -> Protocol[None]:
     """Create run ``target`` from run ``source``'s last committed state and
     position, with a new nonce (so new idempotency keys); ``source`` is only read.
@@ -384,7 +389,7 @@ def fork(plan: Plan, source: str, target: str) -> Protocol[None]:
     src, new = RunState(plan, source), RunState(plan, target)
     header = yield from _read_source(src)
     if (yield Get(new.key)) is not None:
-        raise DurableStepsError(
+        raise ForkRefused(
             f"run {new.name} already exists, so {src.name} was not forked onto it (nothing "
             f"was written): choose another id, or remove it first (`durable-steps rm "
             f"{new.name}`).",
@@ -417,7 +422,7 @@ def fork(plan: Plan, source: str, target: str) -> Protocol[None]:
     try:
         yield from new.save(fresh, None, release=True)
     except CheckpointConflict as exc:
-        raise DurableStepsError(
+        raise ForkRefused(
             f"run {new.name} was created by another process while {src.name} was being "
             "forked onto it; it is theirs and was left as it is. Choose another id.",
             run=new.name,
@@ -450,7 +455,7 @@ def _read_source(src: RunState) -> Protocol[ckpt.Checkpoint]:
                 f"{where} belongs to run {header.run}; it was left untouched.", run=src.name
             )
         if header.status in ("completed", "deleted"):
-            raise DurableStepsError(
+            raise ForkRefused(
                 f"run {src.name} is {header.status}: it has no steps left to run, so there "
                 "is nothing to fork (start a new run instead).",
                 run=src.name,

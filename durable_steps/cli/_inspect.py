@@ -12,6 +12,7 @@ from collections.abc import Callable
 from typing import Any
 
 from .. import _checkpoint as ckpt
+from .._deploy import code_changes, fingerprints
 from .._drivers import drive_sync
 from .._format2 import load_state
 from .._lease import is_live
@@ -41,6 +42,7 @@ from ._format import (
     timestamp,
 )
 from ._runs import RunInfo, find_runs, load, locate, owner_text, peek_header, run_status
+from ._worker import _load_app
 
 __all__ = ["describe", "next_hint", "register", "summary"]
 
@@ -198,7 +200,29 @@ def _format_text(header: ckpt.Checkpoint) -> str:
     return "2 (a small head with the recent changes, and parts it references)"
 
 
-def describe(header: ckpt.Checkpoint, payload: bytes, size: int, style: Style) -> list[str]:
+def _code_text(header: ckpt.Checkpoint, current: dict[str, str] | None) -> str:
+    """Which steps' code changed since the run's last commit (informational)."""
+    if not header.code:
+        return "no fingerprints recorded (written before durable_steps recorded them)"
+    if current is None:
+        return (
+            f"fingerprints of {len(header.code)} steps recorded at the last commit; "
+            "`--app module:workflow` compares them with the current code"
+        )
+    changed = code_changes(header.code, current)
+    if not changed:
+        return "unchanged since the last commit (by --app)"
+    return f"changed since the last commit (by --app): {', '.join(changed)}"
+
+
+def describe(
+    header: ckpt.Checkpoint,
+    payload: bytes,
+    size: int,
+    style: Style,
+    code: dict[str, str] | None = None,
+) -> list[str]:
+    """The lines of ``show``; ``code`` is the current code's fingerprints (``--app``)."""
     now = time.time()
     n = len(header.steps)
     if header.status in _FINISHED:
@@ -215,6 +239,8 @@ def describe(header: ckpt.Checkpoint, payload: bytes, size: int, style: Style) -
             ("committed", f"{header.committed} step commit{'s' * (header.committed != 1)}"),
             ("steps", " -> ".join(header.steps)),
             ("serializer", header.serializer),
+            ("version", str(header.version) if header.version is not None else "none"),
+            ("code", _code_text(header, code)),
             ("format", _format_text(header)),
             ("size", f"{human_size(size)} ({_state_size(header, payload)})"),
             ("created", timestamp(header.created_at, now)),
@@ -370,7 +396,8 @@ def _cmd_show(args: argparse.Namespace, store: Store, style: Style) -> int:
             doc["state"] = state
         print(json_text(doc))
         return EXIT_OK
-    lines = describe(header, payload, len(data), style)
+    code = fingerprints(_load_app(args.app).steps) if args.app else None
+    lines = describe(header, payload, len(data), style, code)
     if args.state:
         text = "none: deleted when the run completed" if gone else None
         lines += ["", style.bold("state"), text or state_text(state, header.serializer)]
@@ -420,3 +447,8 @@ def register(command: Callable[..., Any]) -> None:
         f"it; a signed one also needs ${SIGNING_KEY_ENV})",
     )
     show.add_argument("--json", action="store_true", help="the header (and state) as JSON")
+    show.add_argument(
+        "--app",
+        metavar="MODULE:WORKFLOW",
+        help="the current code: list the steps whose code changed since the run's last commit",
+    )
