@@ -32,7 +32,7 @@ WORKFLOW = "deploy"
 KILLED = -signal.SIGKILL
 EXIT_IN_DOUBT, EXIT_CHANGED, EXIT_ERROR = 3, 5, 6
 
-MODULE = '''\
+MODULE = """\
 import os
 import signal
 
@@ -67,14 +67,14 @@ wf = ds.Workflow(
     migrate={migrate_name},
     until={until},
 )
-'''
+"""
 
-STEP = '''
+STEP = """
 @wf.step(name="{name}", {options})
 def step_{index}(state, ctx):
     _mark("{name}", state, ctx)
     {extra}
-'''
+"""
 
 
 def app_source(
@@ -221,7 +221,7 @@ V1 = ["plan", "draft", "send"]
 
 
 def test_a_step_added_after_the_position_runs(deploy: Deploy) -> None:
-    """A step added after a killed run's position runs when new code resumes it; the event says so."""
+    """A step added after a killed run's position runs under the new code; the event says so."""
     old = deploy.version("v1", V1)
     new = deploy.version("v2", ["plan", "draft", "audit", "send"])
     deploy.kill(old, "draft:0")
@@ -376,7 +376,8 @@ def test_a_failed_run_resumes_by_name(deploy: Deploy) -> None:
     old = deploy.version("v1", V1)
     new = deploy.version("v2", ["plan", "draft", "audit", "send"])
     proc = deploy.child(old, fail="draft:0")
-    assert proc.returncode == EXIT_ERROR and "StepFailed" in proc.stderr
+    assert proc.returncode == EXIT_ERROR
+    assert "StepFailed" in proc.stderr
     assert deploy.finish(new)["trail"] == ["plan:0", "draft:0", "audit:0", "send:0"]
 
 
@@ -414,7 +415,8 @@ def test_a_migration_runs_once_before_the_first_step_of_the_new_version(deploy: 
     deploy.kill(new, "draft:0")  # the new code migrates, then dies in the step
     assert deploy.header().version == "2"
     final = deploy.finish(new)
-    assert final["schema"] == 2 and final["from"] == "1"
+    assert final["schema"] == 2
+    assert final["from"] == "1"
     assert deploy.execs() == ["plan:0", "draft:0", "migrate:1", "draft:0", "draft:0", "send:0"]
     assert "version '1' -> '2': migrate(state, '1') runs first" in deploy.notes()
 
@@ -445,7 +447,7 @@ def test_a_new_version_without_migrate_records_the_version(deploy: Deploy) -> No
 
 
 def test_migrate_needs_a_version_and_two_arguments() -> None:
-    """Workflow(migrate=) without version=, or with the wrong signature, is refused at definition."""
+    """migrate= without version=, or of the wrong signature, is refused at definition."""
     with pytest.raises(ds.DefinitionError, match="needs version="):
         ds.Workflow("w", store=ds.MemoryStore(), migrate=lambda s, v: None)
     with pytest.raises(ds.DefinitionError, match=r"take \(state, from_version\)"):
@@ -463,12 +465,13 @@ def test_a_checkpoint_without_version_and_code_still_decodes() -> None:
     assert found is not None
     line, _, payload = found[0].partition(b"\n")
     record = json.loads(line)
-    assert record["version"] == "1" and set(record["code"]) == {"a"}
+    assert record["version"] == "1"
+    assert set(record["code"]) == {"a"}
     del record["version"], record["code"]
     header, _ = ckpt.decode(json.dumps(record).encode() + b"\n" + payload, where="t")
     assert (header.version, header.code) == (None, None)
+    bad = {**record, "code": {"a": "not-hex"}}
     with pytest.raises(ds.CorruptCheckpoint, match="code is not a map"):
-        bad = {**record, "code": {"a": "not-hex"}}
         ckpt.decode(json.dumps(bad).encode() + b"\n" + payload, where="t")
 
 
@@ -620,7 +623,7 @@ def test_fork_starts_a_new_run_from_the_last_commit(durable_deploy: Deploy) -> N
 
 
 def test_fork_refuses_an_existing_run_or_a_finished_source(durable_deploy: Deploy) -> None:
-    """Forking onto a run that exists, or from a finished run, is refused (exit 4), writing nothing."""
+    """Forking onto an existing run, or from a finished one, is refused: exit 4, nothing written."""
     deploy = durable_deploy
     old = deploy.version("v1", V1)
     deploy.kill(old, "draft:0")
@@ -630,7 +633,8 @@ def test_fork_refuses_an_existing_run_or_a_finished_source(durable_deploy: Deplo
     assert taken.returncode == 4
     assert "run deploy/done already exists" in taken.stderr
     finished = deploy.cli(old, "fork", "deploy/done", "r9")
-    assert finished.returncode == 4 and "completed" in finished.stderr
+    assert finished.returncode == 4
+    assert "completed" in finished.stderr
     assert deploy.snapshot() == before
     copy = deploy.cli(old, "fork", "deploy/r1", "r3")  # a JSON run needs no --app
     assert copy.returncode == 0, copy.stderr
