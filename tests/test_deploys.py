@@ -63,9 +63,7 @@ wf = ds.Workflow(
     "{workflow}",
     store=os.environ["DEPLOY_STORE"],
     on_event=[_note],
-    version={version!r},
-    migrate={migrate_name},
-    until={until},
+    until={until},{versioned}
 )
 """
 
@@ -90,9 +88,10 @@ def app_source(
     """
     source = MODULE.format(
         workflow=WORKFLOW,
-        version=version,
         migrate=textwrap.dedent(migrate or ""),
-        migrate_name="migrate" if migrate else None,
+        # only when given, so that the same module runs on code before version=
+        versioned=(f"\n    version={version!r}," if version else "")
+        + ("\n    migrate=migrate," if migrate else ""),
         until=f'lambda s: s["passes"] >= {passes}' if passes > 1 else None,
     )
     for index, spec in enumerate(steps):
