@@ -9,6 +9,8 @@ Works on any store: ``--store URL`` (a path, ``file:///path``,
     durable-steps resolve RUN (--fired | --not-fired) [--force]
     durable-steps rm RUN [--force]
     durable-steps prune (--completed | --failed) --older-than 7d [--workflow W] [--yes]
+    durable-steps plan (RUN | --all) --app MODULE:WORKFLOW [--json]
+    durable-steps fork RUN NEW_RUN_ID [--app MODULE:WORKFLOW]
 
 ``RUN`` is ``WORKFLOW/RUN_ID``, or a bare ``RUN_ID`` when exactly one run in
 the store has that id (found with one LIST; a bare id several runs have is a
@@ -32,8 +34,8 @@ Errors are one line on stderr (``durable-steps: error: ...``);
 ``--debug`` adds the traceback and the library's debug log.
 
 One module per group of commands (``_inspect``: ls and show; ``_doubt``:
-resolve; ``_cleanup``: rm and prune; ``_worker``: worker), over ``_runs``
-(reading runs from a store), ``_format`` (units, tables, colour) and
+resolve; ``_cleanup``: rm and prune; ``_worker``: worker; ``_deploys``: plan
+and fork), over ``_runs`` (reading runs from a store), ``_format`` (units, tables, colour) and
 ``_base`` (exit statuses, errors, argument types); ``_main`` builds the
 parser and runs a command.
 """
