@@ -26,6 +26,7 @@ holds what a deploy adds around that: ``Workflow(version=, migrate=)``
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import inspect
 import types
@@ -174,10 +175,10 @@ def _notes(
         if current.index(s) > at:
             notes.append(f"step {s!r} added after the run's position: it will run")
         else:
-            later = "from the next pass" if loops else "in a later run, not this one"
+            later = "it runs from the next pass" if loops else "new runs run it"
             notes.append(
                 f"step {s!r} added before the run's position: it does not run in this "
-                f"pass (it runs {later})"
+                f"pass ({later})"
             )
     for s in stored:
         if s in current:
@@ -319,6 +320,8 @@ def fingerprint(fn: Any) -> str:
     fingerprint of its name.
     """
     target = inspect.unwrap(fn)
+    while isinstance(target, functools.partial):  # the function it binds arguments to
+        target = inspect.unwrap(target.func)
     code = getattr(target, "__code__", None)
     if code is None:
         code = getattr(type(target).__call__, "__code__", None)  # a callable object

@@ -205,8 +205,8 @@ def _check(run: RunState, data: bytes, version: str) -> bool:
     _deploy.check_serializer(run.name, header.serializer, plan.serializer.name)
     claim = plan.claim
     if header.status not in ("completed", "deleted"):
-        header = _deploy.adopt(run, header)  # resume by step name
         claim = _check_owner(run, header) or claim
+        header = _deploy.adopt(run, header)  # resume by step name
     run.header, run.payload, run.version = header, payload, version
     return claim and header.status != "deleted"
 

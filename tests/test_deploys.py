@@ -261,7 +261,10 @@ def test_a_step_added_before_the_position_of_a_one_pass_run_says_it_will_not_run
     deploy.kill(old, "draft:0")
     assert deploy.finish(new)["trail"] == ["plan:0", "draft:0", "send:0"]
     assert "intro:0" not in deploy.execs()
-    assert "in a later run, not this one" in deploy.notes()[0]
+    assert deploy.notes() == [
+        "step 'intro' added before the run's position: it does not run in this pass "
+        "(new runs run it)"
+    ]
 
 
 def test_a_step_removed_before_the_position_needs_nothing(deploy: Deploy) -> None:
