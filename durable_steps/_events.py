@@ -104,6 +104,9 @@ class Progress:
             pad = " " * max(self._width - len(line), 0)
             self._width = 0 if final else len(line)
             self.stream.write(f"\r{line}{pad}" + ("\n" if final else ""))
-        elif event.kind in ("step_committed", "run_resumed", "step_in_doubt") or final:
+        elif (
+            event.kind in ("step_committed", "run_resumed", "step_in_doubt", "code_changed")
+            or final
+        ):
             self.stream.write(line + "\n")
         self.stream.flush()

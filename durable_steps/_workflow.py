@@ -291,8 +291,8 @@ def _check_version(name: str, version: object, migrate: object) -> None:
             f"workflow {name!r}: migrate= upgrades runs of other versions, so it needs "
             "version= (the version this code is)"
         )
-    if not callable(migrate) or not callable_with(migrate, 2):
+    if not callable(migrate) or is_async_callable(migrate) or not callable_with(migrate, 2):
         raise DefinitionError(
-            f"workflow {name!r}: migrate must take (state, from_version), like "
-            "migrate(state, from_version)"
+            f"workflow {name!r}: migrate must be a plain function taking (state, "
+            "from_version), like migrate(state, from_version)"
         )

@@ -452,8 +452,13 @@ def test_migrate_needs_a_version_and_two_arguments() -> None:
     """migrate= without version=, or of the wrong signature, is refused at definition."""
     with pytest.raises(ds.DefinitionError, match="needs version="):
         ds.Workflow("w", store=ds.MemoryStore(), migrate=lambda s, v: None)
-    with pytest.raises(ds.DefinitionError, match=r"take \(state, from_version\)"):
+    with pytest.raises(ds.DefinitionError, match=r"taking \(state, from_version\)"):
         ds.Workflow("w", store=ds.MemoryStore(), version="2", migrate=lambda s: None)
+
+    async def later(state: Any, old: str | None) -> None: ...
+
+    with pytest.raises(ds.DefinitionError, match="plain function"):
+        ds.Workflow("w", store=ds.MemoryStore(), version="2", migrate=later)
     with pytest.raises(ds.DefinitionError, match="version must be a string"):
         ds.Workflow("w", store=ds.MemoryStore(), version=2)  # type: ignore[arg-type]
 
@@ -584,6 +589,10 @@ def test_plan_exits_0_when_every_run_resumes(deploy: Deploy) -> None:
     assert planned.returncode == 0, planned.stderr
     assert "version '1' -> '2': migrate(state, '1') runs first" in planned.stdout
     assert "1 unfinished run of deploy: 1 resume, 0 would not" in planned.stdout
+    deploy.store.put(ckpt.checkpoint_key(WORKFLOW, "broken"), b"not a checkpoint")
+    damaged = deploy.cli(new, "plan", "--all", "--app", "deployapp:wf")
+    assert damaged.returncode == 1  # unreadable: not a WorkflowChanged, but not fine either
+    assert "deploy/broken  corrupt  would not resume" in damaged.stdout
 
 
 def test_plan_says_what_a_run_would_raise_and_is_right(deploy: Deploy) -> None:

@@ -63,7 +63,7 @@ def _assess(workflow: Workflow, data: bytes, name: str, key: str) -> dict[str, A
     try:
         header, _ = ckpt.decode(data, where=where, run=name, signer=signer)
     except CorruptCheckpoint as exc:
-        return {"run": name, "status": "corrupt", "resumes": False, "error": exc.message}
+        return _corrupt(name, exc.message)
     status = run_status(header.status, header.owner, header.intent, since=header.updated_at)
     out: dict[str, Any] = {"run": name, "status": status}
     if header.status in _FINISHED:
@@ -91,6 +91,10 @@ def _assess(workflow: Workflow, data: bytes, name: str, key: str) -> dict[str, A
     }
 
 
+def _corrupt(name: str, problem: str) -> dict[str, Any]:
+    return {"run": name, "status": "corrupt", "resumes": False, "error": problem}
+
+
 def _lines(result: dict[str, Any], style: Style) -> list[str]:
     head = f"{style.bold(clean(result['run']))}  {style.status(result['status'])}"
     if not result["resumes"]:
@@ -112,10 +116,11 @@ def _cmd_plan(args: argparse.Namespace, store: Store, style: Style) -> int:
     results = []
     if args.all:
         for info in find_runs(store, workflow.name):
-            if info.status in _FINISHED:
+            if info.status == "corrupt":  # unreadable, or another run's checkpoint
+                results.append(_corrupt(info.name, info.problem or "unreadable"))
                 continue
-            found = store.get(info.key)
-            if found is not None:
+            found = None if info.status in _FINISHED else store.get(info.key)
+            if found is not None:  # (None: finished, or deleted since the LIST)
                 results.append(_assess(workflow, found[0], info.name, info.key))
     else:
         name, run_id = locate(store, args.run)
