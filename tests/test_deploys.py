@@ -16,6 +16,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -49,6 +50,8 @@ def _mark(name, state, ctx):
         raise RuntimeError("failed on purpose")
     if os.environ.get("DEPLOY_KILL") == f"{{name}}:{{ctx.iteration}}":
         os.kill(os.getpid(), signal.SIGKILL)
+    if os.environ.get("DEPLOY_STOP") == f"{{name}}:{{ctx.iteration}}":
+        os.kill(os.getpid(), signal.SIGSTOP)
 
 
 def _note(event):
@@ -132,6 +135,16 @@ class Deploy:
         )
         env.update({f"DEPLOY_{k.upper()}": v for k, v in extra.items()})
         return env
+
+    def start(self, app: Path, run: str = "r1", **extra: str) -> subprocess.Popen[str]:
+        """Start ``run`` under the code in ``app`` without waiting for it."""
+        return subprocess.Popen(
+            [sys.executable, str(CHILD), str(app), run],
+            env=self.env(**extra),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
 
     def child(self, app: Path, run: str = "r1", **extra: str) -> subprocess.CompletedProcess[str]:
         """Run ``run`` under the code in ``app`` in a fresh process."""
@@ -575,6 +588,28 @@ def test_plan_reports_every_run_and_exits_4_when_one_would_not_resume(deploy: De
     assert results["deploy/stopped"]["next_step"] == "draft"
     assert results["deploy/doubt"]["resumes"] is False
     assert deploy.snapshot() == before  # plan never writes
+
+
+def test_plan_reads_a_live_run_without_disturbing_it(deploy: Deploy) -> None:
+    """A run a live process owns (stopped mid-step) is planned as running; it then finishes."""
+    old = deploy.version("v1", V1)
+    proc = deploy.start(old, stop="draft:0")
+    try:
+        deadline = time.monotonic() + 30
+        while "draft:0" not in deploy.execs():
+            assert time.monotonic() < deadline, "the child never reached draft"
+            time.sleep(0.05)
+        new = deploy.version("v2", ["plan", "draft", "audit", "send"])
+        before = deploy.snapshot()
+        planned = deploy.cli(new, "plan", "deploy/r1", "--app", "deployapp:wf")
+        assert planned.returncode == 0, planned.stderr
+        assert "deploy/r1  running  resumes at step 'draft' (2 of 4)" in planned.stdout
+        assert deploy.snapshot() == before
+    finally:
+        proc.send_signal(signal.SIGCONT)
+        out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    assert json.loads(out)["trail"] == ["plan:0", "draft:0", "send:0"]
 
 
 def test_plan_exits_0_when_every_run_resumes(deploy: Deploy) -> None:
