@@ -268,7 +268,7 @@ def version_note(stored: str | None, current: str | None, *, migrates: bool) -> 
 
 
 def migrate(run: RunState) -> Protocol[None]:
-    """Bring a loaded, unfinished run to the workflow's version.
+    """Bring a loaded run, unless it has finished, to the workflow's version.
 
     ``migrate(state, from_version)`` runs before any write: if it raises,
     nothing was written and the run stays byte for byte as it was. Its
@@ -276,6 +276,8 @@ def migrate(run: RunState) -> Protocol[None]:
     that never applies it twice, and one before it applies it again.
     """
     plan, header = run.plan, run.header
+    if header.status in ("completed", "deleted"):
+        return
     note = version_note(header.version, plan.version, migrates=plan.migrate is not None)
     if note is None:
         return

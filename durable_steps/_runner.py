@@ -171,8 +171,7 @@ def _load(run: RunState, data: bytes, version: str) -> Protocol[bool]:
             f"{_READS} times); it was left untouched. Restore the part or delete the run.",
             run=run.name,
         )
-    if run.header.status not in ("completed", "deleted"):
-        yield from _deploy.migrate(run)  # before any other write: a failure writes nothing
+    yield from _deploy.migrate(run)  # before any other write: a failure writes nothing
     header = run.header
     if header.status not in ("completed", "deleted"):
         step = run.plan.steps[header.next_step].name

@@ -45,11 +45,12 @@ class Workflow:
     process that stopped renewing it before another may take it over; see
     :meth:`run`.
 
-    ``version`` names this code's version of the workflow; it is stored with
-    every run. A run made by another version resumes by step name (see
-    :meth:`fork` and ``durable-steps plan``), after
-    ``migrate(state, from_version)`` (which may change the state in place
-    or return a new one) has upgraded its state.
+    A run made by other code resumes by step *name* (steps added after its
+    position run, steps it has not reached that are gone are skipped; see
+    ``durable-steps plan``). ``version`` names this code's version; it is
+    stored with every run, and a run of another version first has its state
+    upgraded by ``migrate(state, from_version)`` (in place, or by returning
+    a new state).
     """
 
     def __init__(
