@@ -109,18 +109,18 @@ def decide(
         raise WorkflowChanged(
             f"{where} has a pending intent of step {pending!r}, which the workflow no longer "
             f"has (steps now {list(current)}): that step may have fired, and only it can "
-            "finish or reconcile it. Resume the run with code that still has that step, or "
-            f"resolve it first (`durable-steps resolve {run} --fired`) and keep the step "
-            "for that resume.",
+            "settle that (re-fire with its key, reconcile, or apply a `durable-steps "
+            f"resolve`). Resume the run once with code that still has step {pending!r}, "
+            "then deploy the change; nothing was written.",
             run=run,
             step=pending,
         )
     if position not in current:
         raise WorkflowChanged(
             f"{where}: its next step {position!r} is gone (steps now {list(current)}), so "
-            "where to resume is unknown. Keep (or restore) that step until the run has "
-            "passed it, finish the run with the old code, or `durable-steps fork` it and "
-            "delete it.",
+            "where to resume is unknown; nothing was written. Keep (or restore) that step "
+            "until the run has passed it (finish the run with the old code), or delete the "
+            f"run to start over (`durable-steps rm {run}`).",
             run=run,
             step=position,
         )
@@ -157,8 +157,8 @@ def _check_order(
         )
         raise WorkflowChanged(
             f"{where}: the order of the steps still to run changed: {why} (steps were "
-            f"{list(stored)}, now {list(current)}). Finish the run with the old code, or "
-            "deploy the new order once it has passed those steps.",
+            f"{list(stored)}, now {list(current)}); nothing was written. Finish the run with "
+            "the old code, or deploy the new order once it has passed those steps.",
             run=run,
             step=step,
         )

@@ -369,7 +369,7 @@ def test_a_pending_intents_step_removed_raises(deploy: Deploy) -> None:
     proc = deploy.child(new)
     assert proc.returncode == EXIT_CHANGED
     assert "pending intent of step 'charge'" in proc.stderr
-    assert "durable-steps resolve deploy/r1 --fired" in proc.stderr
+    assert "Resume the run once with code that still has step 'charge'" in proc.stderr
     assert deploy.snapshot() == before
 
 
