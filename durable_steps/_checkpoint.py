@@ -93,6 +93,13 @@ header says how to read the payload and where the run stands:
 ``size``, ``crc32``
     Length and CRC-32 of the payload: a truncated or damaged object is
     detected before anything is decoded.
+``version``
+    ``null``, or the ``Workflow(version=...)`` of the code that last wrote
+    the run (a resume under another version calls its ``migrate`` first).
+``code``
+    ``null``, or ``{step: 12 hex digits}``: a fingerprint of each step's
+    code (bytecode and constants, see ``_deploy.fingerprint``) as of the
+    last commit, so ``show --app`` and ``plan`` can say which steps changed.
 ``sig``
     Only with a signing key, and always the line's last field: the hex
     HMAC-SHA256 of the header line as written without it, bound to the
@@ -232,6 +239,8 @@ class Checkpoint:
     format: int = FORMAT
     parts: tuple[dict[str, Any], ...] = ()
     """Format 2 only: the parts the head references, in replay order."""
+    version: str | None = None
+    code: dict[str, str] | None = None
 
     @property
     def run(self) -> str:
@@ -395,8 +404,11 @@ def _deeper_than(value: object, limit: int) -> bool:
     return False
 
 
-_OPTIONAL = {"journal": None, "wait": None}
-"""Fields added after checkpoints were first written: missing means this value."""
+_OPTIONAL = {"journal": None, "wait": None, "version": None, "code": None}
+"""Fields added after checkpoints were first written: a checkpoint without one
+reads as this value. Unlike the others they may be defaulted: none feeds an
+idempotency key or the cursor, and ``None`` means what such a run is (no
+journal, no wait, no version recorded, no fingerprints to compare)."""
 _REQUIRED = (
     *(f.name for f in fields(Checkpoint) if f.name not in ("format", "parts", *_OPTIONAL)),
     "size",
@@ -408,6 +420,7 @@ _REQUIRED_2 = (*_REQUIRED, "parts", "sha256")
 """What a format-2 head adds."""
 _PART_NAME = re.compile(r"[0-9]{1,20}-[0-9a-f]{16}")
 _HEX64 = re.compile(r"[0-9a-f]{64}")
+_HEX12 = re.compile(r"[0-9a-f]{12}")
 
 
 def decode(
@@ -538,6 +551,13 @@ def _field_problem(h: Checkpoint) -> str | None:  # noqa: PLR0911 - a return per
         value = getattr(h, name)
         if not _is_count(value):
             return f"{name} is {_show(value)}, not a count"
+    if h.version is not None and not (isinstance(h.version, str) and len(h.version) <= 200):
+        return f"version is {_show(h.version)}, not a version string"
+    if h.code is not None and not (
+        isinstance(h.code, dict)
+        and all(isinstance(v, str) and _HEX12.fullmatch(v) for v in h.code.values())
+    ):
+        return "code is not a map of step fingerprints"
     ended = h.status in ("completed", "deleted")
     if h.next_step > len(h.steps) or (h.next_step == len(h.steps) and not ended):
         return f"next_step {h.next_step} is past the {len(h.steps)} steps"

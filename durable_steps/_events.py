@@ -38,6 +38,7 @@ EventKind = Literal[
     "run_completed",  # the terminal marker was written
     "run_stopped",  # this execution ended without completing the run; `error` says why
     # (None: Workflow.submit created the run, and left it to a worker)
+    "code_changed",  # the run was made by other code; `detail` says what the resume does
 ]
 
 
@@ -60,6 +61,8 @@ class Event:
     execution: str | None = None
     """This execution's owner token (as in the checkpoint's lease): tells apart
     two executions of one run, even in one process."""
+    detail: str | None = None
+    """``code_changed``: what differs from the code that made the run, and what is done."""
 
 
 Subscriber = Callable[[Event], object]
@@ -81,6 +84,7 @@ _LOGGED = (
     "effect_in_doubt",
     "run_suspended",
     "run_woken",
+    "code_changed",
 )
 """What Progress prints a line for when it is not on a terminal."""
 
@@ -127,6 +131,7 @@ class Progress:
             "signal_received": f"{run}: {where} · {event.call} received",
             "run_woken": f"{run}: woken at {where}",
             "run_completed": f"{run}: completed",
+            "code_changed": f"{run}: {event.detail}",
         }[event.kind]
         line = f"{text} · {self._commits} steps · {elapsed:.1f}s"
         final = event.kind in ("run_completed", "step_failed", "run_suspended")
@@ -134,9 +139,6 @@ class Progress:
             pad = " " * max(self._width - len(line), 0)
             self._width = 0 if final else len(line)
             self.stream.write(f"\r{line}{pad}" + ("\n" if final else ""))
-        elif (
-            event.kind in ("step_committed", "run_resumed", "step_in_doubt", "effect_in_doubt")
-            or final
-        ):
+        elif event.kind in _LOGGED or final:
             self.stream.write(line + "\n")
         self.stream.flush()

@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 import threading
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from . import _checkpoint as ckpt
@@ -53,6 +53,11 @@ class Plan:
     """Write a claim before the first step of a resumed run (see execute)."""
     implicit_store: bool = False
     """The store is the default local directory, chosen by nobody."""
+    version: str | None = None
+    """``Workflow(version=)``, stored with the run (see ``_deploy``)."""
+    migrate: Callable[[Any, str | None], Any] | None = None
+    code: dict[str, str] = field(default_factory=dict)
+    """The steps' code fingerprints, recorded with every commit."""
 
 
 class Released(Exception):

@@ -36,6 +36,7 @@ from typing import Any
 import tenacity
 
 from . import _checkpoint as ckpt
+from . import _deploy
 from . import _format2 as f2
 from ._doubt import settle_doubt, settle_effects
 from ._drivers import AwaitableInSyncRun, Call, Get, Protocol, Sleep
@@ -53,7 +54,6 @@ from .errors import (
     DurableStepsError,
     RunLocked,
     SerializationError,
-    WorkflowChanged,
 )
 from .stores import DEFAULT_STORE, STORE_ENV
 
@@ -137,6 +137,8 @@ def _create(run: RunState, initial: Any, *, release: bool = False) -> Protocol[N
         serializer=plan.serializer.name,
         status="completed" if done else "running",
         format=ckpt.FORMAT if f2.supports(plan.serializer) else 1,
+        version=plan.version,
+        code=plan.code,
     )
     yield from run.save(header, None, release=release)
     logger.info("run %s %s", run.name, "submitted" if release else "started")
@@ -174,6 +176,7 @@ def _load(run: RunState, data: bytes, version: str) -> Protocol[bool]:
             f"{_READS} times); it was left untouched. Restore the part or delete the run.",
             run=run.name,
         )
+    yield from _deploy.migrate(run)  # before any other write: a failure writes nothing
     header = run.header
     if header.status not in ("completed", "deleted", "waiting"):  # a waiting one: _wake says
         step = run.plan.steps[header.next_step].name
@@ -203,17 +206,11 @@ def _check(run: RunState, data: bytes, version: str) -> bool:
             f"{header.run}; it was left untouched.",
             run=run.name,
         )
-    if header.serializer != plan.serializer.name:
-        raise WorkflowChanged(
-            f"run {run.name} was saved with serializer {header.serializer!r}, but the "
-            f"workflow now uses {plan.serializer.name!r}. Use the serializer (and signing "
-            "key) it was started with, or start a new run.",
-            run=run.name,
-        )
+    _deploy.check_serializer(run.name, header.serializer, plan.serializer.name)
     claim = plan.claim
     if header.status not in ("completed", "deleted"):
-        _check_steps(run.name, header.steps, tuple(s.name for s in plan.steps))
         claim = _check_owner(run, header) or claim
+        header = _deploy.adopt(run, header)  # resume by step name
     run.header, run.payload, run.version = header, payload, version
     return claim and header.status != "deleted"
 
@@ -241,26 +238,6 @@ def _check_owner(run: RunState, header: ckpt.Checkpoint) -> bool:
             run=run.name,
         )
     return ownership in ("live", "expired")
-
-
-def _check_steps(name: str, stored: tuple[str, ...], current: tuple[str, ...]) -> None:
-    if stored == current:
-        return
-    added = [s for s in current if s not in stored]
-    removed = [s for s in stored if s not in current]
-    parts = []
-    if added:
-        parts.append(f"added {added}")
-    if removed:
-        parts.append(f"removed {removed}")
-    if not parts:
-        parts.append("reordered")
-    raise WorkflowChanged(
-        f"run {name} was made by steps {list(stored)}, but the workflow now has "
-        f"{list(current)} ({'; '.join(parts)}). Resuming could skip or repeat work: "
-        "finish it with the old code, or delete the run to start over.",
-        run=name,
-    )
 
 
 def _advance(run: RunState, step: Step[..., Any], index: int) -> Protocol[None]:
@@ -478,6 +455,8 @@ def _commit(
     committed = header.with_commit(
         step.name, attempts, seconds, iteration=iteration, next_step=next_step, completed=done
     )
+    if committed.code is not run.plan.code:  # the code of every commit (see _deploy)
+        committed = committed.replace(code=run.plan.code)
     try:
         yield from run.save(committed, step.name)
     except SerializationError as exc:  # the state cannot be saved: nothing was written

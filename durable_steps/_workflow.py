@@ -8,7 +8,7 @@ import threading
 from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any, Literal, ParamSpec, TypeVar, overload
 
-from . import _resolve, _runner, _signals
+from . import _deploy, _resolve, _runner, _signals
 from ._checkpoint import validate_name
 from ._drivers import drive_async, drive_sync
 from ._events import Subscriber
@@ -44,6 +44,13 @@ class Workflow:
     happens in a run. ``lease`` is how long (seconds) a run stays owned by a
     process that stopped renewing it before another may take it over; see
     :meth:`run`.
+
+    A run made by other code resumes by step *name* (steps added after its
+    position run, steps it has not reached that are gone are skipped; see
+    ``durable-steps plan``). ``version`` names this code's version; it is
+    stored with every run, and a run of another version first has its state
+    upgraded by ``migrate(state, from_version)`` (in place, or by returning
+    a new state).
     """
 
     def __init__(
@@ -58,6 +65,8 @@ class Workflow:
         signing_key: bytes | str | None = None,
         on_event: Sequence[Subscriber] = (),
         lease: float = 60.0,
+        version: str | None = None,
+        migrate: Callable[[Any, str | None], Any] | None = None,
     ) -> None:
         self.name = validate_name(name, "workflow name")
         if until is not None and not callable(until):
@@ -77,6 +86,10 @@ class Workflow:
             raise DefinitionError(
                 f"workflow {name!r}: lease must be a finite number of seconds > 0, not {lease!r}"
             )
+        _check_version(name, version, migrate)
+        self.version = version
+        self.migrate = migrate
+        self._code: tuple[tuple[Step[..., Any], ...], dict[str, str]] = ((), {})
         self.until = until
         self.lease = float(lease)
         self.on_complete = on_complete
@@ -184,7 +197,17 @@ class Workflow:
             stop,
             claim or takeover,
             self._implicit_store,
+            self.version,
+            self.migrate,
+            self._fingerprints(),
         )
+
+    def _fingerprints(self) -> dict[str, str]:
+        """The steps' code fingerprints, computed once per list of steps."""
+        steps, code = self._code
+        if steps != self.steps:
+            self._code = steps, code = self.steps, _deploy.fingerprints(self.steps)
+        return code
 
     def run(
         self, run_id: str, state: Any = None, *, takeover: bool = False, wait: bool = False
@@ -279,6 +302,40 @@ class Workflow:
             serializer=self.serializer,
         )
 
+    def fork(self, run_id: str, new_run_id: str) -> None:
+        """Start run ``new_run_id`` from run ``run_id``'s last committed state
+        and position, without running it; ``run_id`` is left as it is.
+
+        The new run has a new nonce, so its non-idempotent steps get new
+        idempotency keys (a step the source may have fired is not
+        deduplicated against it: a warning says so). Run it with
+        ``wf.run(new_run_id)``, which resumes it under this code by step name.
+        Refuses (writing nothing) if ``new_run_id`` exists or the source has
+        finished.
+        """
+        plan = self._plan(validate_name(new_run_id, "run id"), asynchronous=True)
+        drive_sync(_deploy.fork(plan, validate_name(run_id, "run id"), new_run_id), self.store)
+
     def __repr__(self) -> str:
         names = ", ".join(s.name for s in self._steps)
         return f"<Workflow {self.name!r} [{names}] store={self.store!r}>"
+
+
+def _check_version(name: str, version: object, migrate: object) -> None:
+    """Refuse a ``version``/``migrate`` pair that cannot work, at definition time."""
+    if version is not None and not (isinstance(version, str) and 0 < len(version) <= 200):
+        raise DefinitionError(
+            f"workflow {name!r}: version must be a string of 1-200 characters, not {version!r}"
+        )
+    if migrate is None:
+        return
+    if version is None:
+        raise DefinitionError(
+            f"workflow {name!r}: migrate= upgrades runs of other versions, so it needs "
+            "version= (the version this code is)"
+        )
+    if not callable(migrate) or is_async_callable(migrate) or not callable_with(migrate, 2):
+        raise DefinitionError(
+            f"workflow {name!r}: migrate must be a plain function taking (state, "
+            "from_version), like migrate(state, from_version)"
+        )

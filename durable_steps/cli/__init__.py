@@ -10,6 +10,8 @@ Works on any store: ``--store URL`` (a path, ``file:///path``,
     durable-steps resolve RUN (--fired | --not-fired) [--result JSON] [--force]
     durable-steps rm RUN [--force]
     durable-steps prune (--completed | --failed) --older-than 7d [--workflow W] [--yes]
+    durable-steps plan (RUN | --all) --app MODULE:WORKFLOW [--json]
+    durable-steps fork RUN NEW_RUN_ID [--app MODULE:WORKFLOW]
 
 ``RUN`` is ``WORKFLOW/RUN_ID``, or a bare ``RUN_ID`` when exactly one run in
 the store has that id (found with one LIST; a bare id several runs have is a
@@ -36,9 +38,10 @@ Errors are one line on stderr (``durable-steps: error: ...``);
 
 One module per group of commands (``_inspect``: ls and show; ``_waiting``:
 signal, and what waiting runs wait for; ``_doubt``: resolve; ``_cleanup``:
-rm and prune; ``_worker``: worker), over ``_runs`` (reading runs from a
-store), ``_format`` (units, tables, colour) and ``_base`` (exit statuses,
-errors, argument types); ``_main`` builds the parser and runs a command.
+rm and prune; ``_worker``: worker; ``_deploys``: plan and fork), over
+``_runs`` (reading runs from a store), ``_format`` (units, tables, colour)
+and ``_base`` (exit statuses, errors, argument types); ``_main`` builds the
+parser and runs a command.
 """
 
 from ._base import EXIT_ERROR, EXIT_NOT_FOUND, EXIT_OK, EXIT_REFUSED, EXIT_USAGE

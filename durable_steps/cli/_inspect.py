@@ -12,6 +12,7 @@ from collections.abc import Callable
 from typing import Any
 
 from .. import _checkpoint as ckpt
+from .._deploy import code_changes, fingerprints
 from .._drivers import drive_sync
 from .._format2 import load_state
 from .._lease import is_live
@@ -51,6 +52,7 @@ from ._runs import (
     run_status,
 )
 from ._waiting import signal_sent, wait_hint, wait_lines, waiting_for
+from ._worker import _load_app
 
 __all__ = ["describe", "next_hint", "register", "summary"]
 
@@ -237,10 +239,33 @@ def _format_text(header: ckpt.Checkpoint) -> str:
     return "2 (a small head with the recent changes, and parts it references)"
 
 
+def _code_text(header: ckpt.Checkpoint, current: dict[str, str] | None) -> str:
+    """Which steps' code changed since the run's last commit (informational)."""
+    if not header.code:
+        return "no fingerprints recorded (written before durable_steps recorded them)"
+    if current is None:
+        return (
+            f"fingerprints of {len(header.code)} steps recorded at the last commit; "
+            "`--app module:workflow` compares them with the current code"
+        )
+    changed = code_changes(header.code, current)
+    if not changed:
+        return "unchanged since the last commit (by --app)"
+    return f"changed since the last commit (by --app): {', '.join(changed)}"
+
+
 def describe(
-    header: ckpt.Checkpoint, payload: bytes, size: int, style: Style, sent_at: float | None = None
+    header: ckpt.Checkpoint,
+    payload: bytes,
+    size: int,
+    style: Style,
+    *,
+    sent_at: float | None = None,
+    code: dict[str, str] | None = None,
 ) -> list[str]:
-    """The lines of ``show``; ``sent_at`` as for :func:`next_hint`."""
+    """The lines of ``show``; ``sent_at`` as for :func:`next_hint`; ``code`` is the
+    current code's fingerprints (``--app``).
+    """
     now = time.time()
     n = len(header.steps)
     if header.status in _FINISHED:
@@ -259,6 +284,8 @@ def describe(
             ("committed", f"{header.committed} step commit{'s' * (header.committed != 1)}"),
             ("steps", " -> ".join(header.steps)),
             ("serializer", header.serializer),
+            ("version", str(header.version) if header.version is not None else "none"),
+            ("code", _code_text(header, code)),
             ("format", _format_text(header)),
             ("size", f"{human_size(size)} ({_state_size(header, payload)})"),
             ("created", timestamp(header.created_at, now)),
@@ -444,7 +471,10 @@ def _cmd_show(args: argparse.Namespace, store: Store, style: Style) -> int:
             doc["state"] = state
         print(json_text(doc))
         return EXIT_OK
-    lines = describe(header, payload, len(data), style, signal_sent(store, header))
+    code = fingerprints(_load_app(args.app).steps) if args.app else None
+    lines = describe(
+        header, payload, len(data), style, sent_at=signal_sent(store, header), code=code
+    )
     if args.state:
         text = "none: deleted when the run completed" if gone else None
         lines += ["", style.bold("state"), text or state_text(state, header.serializer)]
@@ -495,3 +525,8 @@ def register(command: Callable[..., Any]) -> None:
         f"it; a signed one also needs ${SIGNING_KEY_ENV})",
     )
     show.add_argument("--json", action="store_true", help="the header (and state) as JSON")
+    show.add_argument(
+        "--app",
+        metavar="MODULE:WORKFLOW",
+        help="the current code: list the steps whose code changed since the run's last commit",
+    )

@@ -14,7 +14,7 @@ from typing import Any, NoReturn
 from .._version import __version__
 from ..errors import CheckpointConflict, DefinitionError, DurableStepsError, RunLocked
 from ..stores import DEFAULT_STORE, STORE_ENV, Store, open_store
-from . import _cleanup, _doubt, _inspect, _waiting, _worker
+from . import _cleanup, _deploys, _doubt, _inspect, _waiting, _worker
 from ._base import EXIT_ERROR, EXIT_REFUSED, EXIT_USAGE, PROG, CommandError
 from ._format import Style, echo, use_color
 
@@ -58,6 +58,10 @@ a run waiting for a person (ctx.wait_for("approval")):
 clean up:
   {PROG} rm pay/order-17                    one run (refuses live or in-doubt runs)
   {PROG} prune --completed --older-than 7d  list what would go; add --yes to delete
+
+before deploying new code (exit 4 if a run would raise WorkflowChanged):
+  {PROG} plan --all --app myagent:workflow  where the new code resumes each run
+  {PROG} fork pay/order-17 order-17b        a copy of a run to retry under new code
 
 resume many runs, on as many machines as you like:
   {PROG} worker --app myagent:workflow      claim and finish unowned runs; SIGTERM stops
@@ -126,7 +130,7 @@ def build_parser() -> argparse.ArgumentParser:
         sub.set_defaults(handler=handler)
         return sub
 
-    for group in (_inspect, _waiting, _doubt, _cleanup, _worker):
+    for group in (_inspect, _waiting, _doubt, _cleanup, _worker, _deploys):
         group.register(command)
     return parser
 
