@@ -32,7 +32,8 @@ a decoded state. Neither does I/O or knows the format that stores the ops.
 
 from __future__ import annotations
 
-from operator import is_
+from itertools import chain, compress, repeat
+from operator import is_, is_not
 from typing import Any
 
 __all__ = ["Tracker", "apply", "diff", "snapshot"]
@@ -52,33 +53,73 @@ def snapshot(value: Any) -> Any:
     return value
 
 
-def _same(old: Any, new: Any) -> bool:  # noqa: PLR0911 - a return per kind of value
-    """Equal, of the same types and in the same key order, all the way down.
+def _alike(olds: list[Any], news: list[Any]) -> bool:
+    """Whether every ``olds[i]`` is the same JSON value as ``news[i]``.
 
-    ``1 == True == 1.0`` and dicts compare equal in any key order, so ``==``
-    alone is not enough. An unchanged part of the state shares its keys and
-    leaves with the shadow by identity, so the checks run as C-level ``is``
-    over whole key and value sequences first; Python only looks deeper at
-    values that are not identical (nested containers, changed leaves).
+    The same means equal, of the same types, dicts with their keys in the
+    same order, all the way down: ``1 == True == 1.0``, ``0.0 == -0.0`` and
+    dicts equal in any key order all encode differently. One C-level ``==``
+    over all the pairs finds every other change at a few pointer comparisons
+    per unchanged value (the shadow shares its leaves with the state it was
+    copied from, and ``==`` checks identity first). What ``==`` cannot see is
+    then checked one nesting level at a time, each level as a few C-level
+    passes (``map``, ``compress``, ``chain``) over all its pairs, so the
+    Python work is per level and per type, never per value: an identical
+    pair is done; the others must have the same types, floats the same
+    ``repr`` (what JSON writes), dicts the same keys in the same order; their
+    items make the next level.
     """
-    if old is new:
-        return True
-    kind = type(new)
-    if type(old) is not kind:
+    if olds != news:
         return False
-    if kind is dict:
-        if len(old) != len(new) or not (all(map(is_, old, new)) or list(old) == list(new)):
+    a, b = olds, news
+    while a:
+        kept = list(map(is_not, a, b))
+        a, b = list(compress(a, kept)), list(compress(b, kept))
+        types = list(map(type, a))
+        if types != list(map(type, b)):
             return False
-        olds, news = old.values(), new.values()
-    elif kind is list:
-        if len(old) != len(new):
-            return False
-        olds, news = old, new
-    else:
-        return bool(old == new)
-    if all(map(is_, olds, news)):
-        return True
-    return all(a is b or _same(a, b) for a, b in zip(olds, news, strict=True))
+        kinds = set(types)
+        below_a: list[Any] = []
+        below_b: list[Any] = []
+        for kind in kinds & {dict, list, float}:  # equal str, int, bool, None: the same JSON
+            if len(kinds) == 1:
+                ka, kb = a, b
+            else:
+                mask = list(map(is_, types, repeat(kind)))
+                ka, kb = list(compress(a, mask)), list(compress(b, mask))
+            if kind is float:
+                if list(map(repr, ka)) != list(map(repr, kb)):
+                    return False
+                continue
+            if kind is dict:  # equal dicts: the same keys; in the same order?
+                if list(chain.from_iterable(ka)) != list(chain.from_iterable(kb)):
+                    return False
+                ka, kb = list(map(dict.values, ka)), list(map(dict.values, kb))
+                if all(map(is_, chain.from_iterable(ka), chain.from_iterable(kb))):
+                    continue  # the usual case: every value shared with the shadow
+            below_a += chain.from_iterable(ka)
+            below_b += chain.from_iterable(kb)
+        a, b = below_a, below_b
+    return True
+
+
+def _differ(olds: list[Any], news: list[Any], start: int = 0) -> list[int]:
+    """The indexes (plus ``start``) where ``olds`` and ``news`` are not alike.
+
+    Halving: an unchanged run of items costs one :func:`_alike` over it,
+    each changed item a few more over the halves around it.
+    """
+    if _alike(olds, news):
+        return []
+    if len(olds) <= 4:
+        return [start + i for i in range(len(olds)) if not _alike(olds[i : i + 1], news[i : i + 1])]
+    mid = len(olds) // 2
+    return _differ(olds[:mid], news[:mid], start) + _differ(olds[mid:], news[mid:], start + mid)
+
+
+def _same(old: Any, new: Any) -> bool:
+    """``old`` and ``new`` are the same JSON value (see :func:`_alike`)."""
+    return old is new or _alike([old], [new])
 
 
 def diff(old: Any, new: Any) -> list[list[Any]]:
@@ -112,18 +153,17 @@ def _diff_dict(
     for key in old:
         if key not in new:
             ops.append(["del", [*path, key]])
-    for key, value in new.items():
-        if key not in old:
-            ops.append(["set", [*path, key], value])
-        elif not (value is old[key] or _same(old[key], value)):
-            _diff(old[key], value, [*path, key], ops, depth + 1)
+    for i in _differ([old[k] for k in kept], [new[k] for k in kept]):
+        _diff(old[kept[i]], new[kept[i]], [*path, kept[i]], ops, depth + 1)
+    for key in list(new)[len(kept) :]:  # the new keys, after the kept ones (checked above)
+        ops.append(["set", [*path, key], new[key]])
 
 
 def _diff_list(
     old: list[Any], new: list[Any], path: Path, ops: list[list[Any]], depth: int
 ) -> None:
     common = min(len(old), len(new))
-    changed = [i for i in range(common) if not _same(old[i], new[i])]
+    changed = _differ(old[:common], new[:common])
     if len(changed) > 8 and len(changed) * 2 > common:  # rewritten, not edited: send it whole
         ops.append(["set", list(path), new])
         return
