@@ -11,7 +11,11 @@ The shadow is a structural copy: every dict and list is copied, every leaf
 immutable. Comparing the live state with it is then cheap: ``==`` on two
 dicts whose values are the very same string objects stops at each identity,
 so an unchanged message costs a few pointer comparisons, never a look at its
-text, and the state is never re-encoded to find the change.
+text, and the state is never re-encoded to find the change. The containers
+cannot be shared too: an old message edited in place would then change in
+the shadow as well and go unseen. So every commit looks at every container,
+but in C: the Python work is per nesting level and per changed item (see
+:func:`_alike`), not per message.
 
 A change is a list of *ops*, each JSON-ready, on a *path* of dict keys and
 list indexes from the root:
