@@ -78,7 +78,8 @@ def _alike(olds: list[Any], news: list[Any]) -> bool:
     a, b = olds, news
     while a:
         kept = list(map(is_not, a, b))
-        a, b = list(compress(a, kept)), list(compress(b, kept))
+        if not all(kept):  # identical pairs are the same value: nothing below to look at
+            a, b = list(compress(a, kept)), list(compress(b, kept))
         types = list(map(type, a))
         if types != list(map(type, b)):
             return False
@@ -98,9 +99,10 @@ def _alike(olds: list[Any], news: list[Any]) -> bool:
             if kind is dict:  # equal dicts: the same keys; in the same order?
                 if list(chain.from_iterable(ka)) != list(chain.from_iterable(kb)):
                     return False
-                ka, kb = list(map(dict.values, ka)), list(map(dict.values, kb))
-                if all(map(is_, chain.from_iterable(ka), chain.from_iterable(kb))):
+                values = chain.from_iterable(map(dict.values, ka))
+                if all(map(is_, values, chain.from_iterable(map(dict.values, kb)))):
                     continue  # the usual case: every value shared with the shadow
+                ka, kb = list(map(dict.values, ka)), list(map(dict.values, kb))
             below_a += chain.from_iterable(ka)
             below_b += chain.from_iterable(kb)
         a, b = below_a, below_b

@@ -43,15 +43,19 @@ Garbage
     delete everything under ``parts/``; never while a head lists them.
 
 When to flush (design decision; the lead's FORMAT2.md, tuned): a commit adds
-its record to the tail; once the tail reaches ``T = clamp(12 x mean record,
+its record to the tail; once the tail reaches ``T = clamp(11 x mean record,
 16 KB, 8 MB)`` it is flushed into ONE part (2 PUTs instead of 1): a new base
 when there is none or the changes parts and tail outweigh it, else the tail
 appended as a changes part, the last two merged when the newer outgrows the
 older. The head lists at most 3 parts (a resume: 1 + 3 GETs, the parts in
 parallel), and every rewrite is geometric, so the bytes written stay
 proportional to what the run produced. The threshold's floor is 16 KB, not
-the design's 32 KB: at 32 KB a 400-step run of 2 KB messages wrote 5.7% of a
-full-rewrite loop's bytes (target 5%); 16 KB gives 4.5% at 1.085 PUTs/step.
+the design's 32 KB, and 11 mean records, not 12: a 400-step run of 2 KB
+messages wrote 5.7% of a full-rewrite loop's bytes at 32 KB (target 5%),
+5.3% at 16 KB and 12 records (1.085 PUTs/step), 4.95% at 11 (1.09 PUTs/step;
+10 would cross 1.1). A commit whose change is the whole state (a new run, a
+replaced root) and outgrows the threshold is written as a base at once,
+encoded into the part's own buffer, never also as a record in the tail.
 
 Intent writes, failures and releases rewrite the head with the unchanged
 tail (no re-encode). A renewal of a long step first flushes a tail over 2 KB
@@ -86,7 +90,7 @@ if TYPE_CHECKING:
 __all__ = ["Parts", "load_state", "parts_prefix", "supports"]
 
 _LENGTH = struct.Struct(">Q")
-_MIN_FLUSH, _MAX_FLUSH, _FLUSH_RECORDS = 16 * 1024, 8 * 1024 * 1024, 12
+_MIN_FLUSH, _MAX_FLUSH, _FLUSH_RECORDS = 16 * 1024, 8 * 1024 * 1024, 11
 RENEWAL_TAIL = 2048
 """A renewal flushes a tail longer than this, so the next ones write only the header."""
 _MAX_PARTS = 3
