@@ -115,10 +115,12 @@ def _differ(olds: list[Any], news: list[Any], start: int = 0) -> list[int]:
     Halving: an unchanged run of items costs one :func:`_alike` over it,
     each changed item a few more over the halves around it.
     """
+    if len(olds) <= 4:  # one pass each is as cheap as one over all
+        return [
+            start + i for i, pair in enumerate(zip(olds, news, strict=True)) if not _same(*pair)
+        ]
     if _alike(olds, news):
         return []
-    if len(olds) <= 4:
-        return [start + i for i in range(len(olds)) if not _alike(olds[i : i + 1], news[i : i + 1])]
     mid = len(olds) // 2
     return _differ(olds[:mid], news[:mid], start) + _differ(olds[mid:], news[mid:], start + mid)
 
@@ -131,15 +133,16 @@ def _same(old: Any, new: Any) -> bool:
 def diff(old: Any, new: Any) -> list[list[Any]]:
     """The ops that turn ``old`` (a shadow) into ``new``; empty if nothing changed."""
     ops: list[list[Any]] = []
-    _diff(old, new, [], ops, 0)
+    if not _same(old, new):
+        _diff(old, new, [], ops, 0)
     return ops
 
 
 def _diff(old: Any, new: Any, path: Path, ops: list[list[Any]], depth: int) -> None:
+    """The ops for ``old`` and ``new``, known not to be the same (:func:`_same`)."""
     kind = type(new)
     if type(old) is not kind or depth >= _MAX_DEPTH or kind not in (dict, list):
-        if not _same(old, new):
-            ops.append(["set", list(path), new])
+        ops.append(["set", list(path), new])
         return
     if kind is dict:
         _diff_dict(old, new, path, ops, depth)
