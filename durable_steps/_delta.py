@@ -92,20 +92,32 @@ def _alike(olds: list[Any], news: list[Any]) -> bool:
             else:
                 mask = list(map(is_, types, repeat(kind)))
                 ka, kb = list(compress(a, mask)), list(compress(b, mask))
-            if kind is float:
-                if list(map(repr, ka)) != list(map(repr, kb)):
-                    return False
-                continue
-            if kind is dict:  # equal dicts: the same keys; in the same order?
-                if list(chain.from_iterable(ka)) != list(chain.from_iterable(kb)):
-                    return False
-                values = chain.from_iterable(map(dict.values, ka))
-                if all(map(is_, values, chain.from_iterable(map(dict.values, kb)))):
-                    continue  # the usual case: every value shared with the shadow
-                ka, kb = list(map(dict.values, ka)), list(map(dict.values, kb))
-            below_a += chain.from_iterable(ka)
-            below_b += chain.from_iterable(kb)
+            if not _alike_kind(kind, ka, kb, below_a, below_b):
+                return False
         a, b = below_a, below_b
+    return True
+
+
+def _alike_kind(
+    kind: type, a: list[Any], b: list[Any], below_a: list[Any], below_b: list[Any]
+) -> bool:
+    """One level of :func:`_alike` for pairs of equal (``==``) values of type
+    ``kind``: whether they can still be the same; their items go below.
+    """
+    if kind is float:
+        return list(map(repr, a)) == list(map(repr, b))
+    if kind is dict:  # equal dicts: the same keys; in the same order?
+        if list(chain.from_iterable(a)) != list(chain.from_iterable(b)):
+            return False
+        # Views made and dropped one at a time: thousands alive at once would
+        # wake the garbage collector, which walks the whole state.
+        values = chain.from_iterable(map(dict.values, a))
+        if not all(map(is_, values, chain.from_iterable(map(dict.values, b)))):
+            below_a += chain.from_iterable(map(dict.values, a))
+            below_b += chain.from_iterable(map(dict.values, b))
+        return True  # else the usual case: every value shared with the shadow
+    below_a += chain.from_iterable(a)
+    below_b += chain.from_iterable(b)
     return True
 
 
