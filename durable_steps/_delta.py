@@ -36,6 +36,7 @@ a decoded state. Neither does I/O or knows the format that stores the ops.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from itertools import chain, compress, repeat
 from operator import is_, is_not
 from typing import Any
@@ -44,6 +45,7 @@ __all__ = ["Tracker", "apply", "diff", "snapshot"]
 
 Path = list[str | int]
 _MAX_DEPTH = 64  # below this, a changed value is replaced whole
+_CHUNK = 256  # pairs compared together (see _alike)
 _LEAVES = (str, int, float, bool, type(None))
 
 
@@ -75,7 +77,17 @@ def _alike(olds: list[Any], news: list[Any]) -> bool:
     """
     if olds != news:
         return False
-    a, b = olds, news
+    # A few hundred items at a time: their levels stay in the CPU's cache
+    # (level by level over 10,000 nested messages at once is twice as slow).
+    return all(map(_alike_levels, _chunks(olds), _chunks(news)))
+
+
+def _chunks(items: list[Any]) -> Iterator[list[Any]]:
+    return (items[i : i + _CHUNK] for i in range(0, len(items), _CHUNK))
+
+
+def _alike_levels(a: list[Any], b: list[Any]) -> bool:
+    """:func:`_alike` for pairs already known equal (``==``), level by level."""
     while a:
         kept = list(map(is_not, a, b))
         if not all(kept):  # identical pairs are the same value: nothing below to look at
