@@ -208,9 +208,9 @@ def _python_calls(fn: Any) -> int:
 
 
 def test_finding_an_append_does_not_walk_the_transcript_in_python() -> None:
-    """The Python work of finding an append (and an edited last message) is the
-    same for a transcript of 100 messages as for one of 10,000: the unchanged
-    messages are compared in C.
+    """Finding an append (and an edited last message) in a transcript of 10,000
+    messages costs far less than a Python call per message more than in one of
+    100: the unchanged messages are compared in C, a few hundred at a time.
     """
 
     def calls(length: int) -> tuple[int, int]:
@@ -236,5 +236,5 @@ def test_finding_an_append_does_not_walk_the_transcript_in_python() -> None:
         return appended, edited
 
     short, long = calls(100), calls(10_000)
-    assert long[0] == short[0]
-    assert long[1] <= short[1] + 40  # halving: a few more calls per doubling of the length
+    assert long[0] - short[0] <= 10_000 // 32
+    assert long[1] - short[1] <= 10_000 // 32
