@@ -43,15 +43,19 @@ Garbage
     delete everything under ``parts/``; never while a head lists them.
 
 When to flush (design decision; the lead's FORMAT2.md, tuned): a commit adds
-its record to the tail; once the tail reaches ``T = clamp(12 x mean record,
+its record to the tail; once the tail reaches ``T = clamp(11 x mean record,
 16 KB, 8 MB)`` it is flushed into ONE part (2 PUTs instead of 1): a new base
 when there is none or the changes parts and tail outweigh it, else the tail
 appended as a changes part, the last two merged when the newer outgrows the
 older. The head lists at most 3 parts (a resume: 1 + 3 GETs, the parts in
 parallel), and every rewrite is geometric, so the bytes written stay
 proportional to what the run produced. The threshold's floor is 16 KB, not
-the design's 32 KB: at 32 KB a 400-step run of 2 KB messages wrote 5.7% of a
-full-rewrite loop's bytes (target 5%); 16 KB gives 4.5% at 1.085 PUTs/step.
+the design's 32 KB, and 11 mean records, not 12: a 400-step run of 2 KB
+messages wrote 5.7% of a full-rewrite loop's bytes at 32 KB (target 5%),
+5.3% at 16 KB and 12 records (1.085 PUTs/step), 4.95% at 11 (1.09 PUTs/step;
+10 would cross 1.1). A commit whose change is the whole state (a new run, a
+replaced root) and outgrows the threshold is written as a base at once,
+encoded into the part's own buffer, never also as a record in the tail.
 
 Intent writes, failures and releases rewrite the head with the unchanged
 tail (no re-encode). A renewal of a long step first flushes a tail over 2 KB
@@ -66,17 +70,19 @@ custom serializer, whose encoding of a part of the state is unknown.
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import pickle
 import secrets
 import struct
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from . import _checkpoint as ckpt
 from ._delta import Tracker, apply, snapshot
 from ._drivers import GetMany, Protocol, Put
 from .errors import CheckpointConflict, CorruptCheckpoint, SerializationError
-from .serializers import SignedSerializer, check_json, plain_json
+from .serializers import _COMPACT_JSON, JSONSerializer, SignedSerializer, check_json, plain_json
 
 if TYPE_CHECKING:
     from .serializers import Serializer
@@ -84,7 +90,7 @@ if TYPE_CHECKING:
 __all__ = ["Parts", "load_state", "parts_prefix", "supports"]
 
 _LENGTH = struct.Struct(">Q")
-_MIN_FLUSH, _MAX_FLUSH, _FLUSH_RECORDS = 16 * 1024, 8 * 1024 * 1024, 12
+_MIN_FLUSH, _MAX_FLUSH, _FLUSH_RECORDS = 16 * 1024, 8 * 1024 * 1024, 11
 RENEWAL_TAIL = 2048
 """A renewal flushes a tail longer than this, so the next ones write only the header."""
 _MAX_PARTS = 3
@@ -157,7 +163,7 @@ class _JSONFinder(_Finder):
         self.serializer = serializer
         self.tracker = Tracker(committed)
 
-    def changes(self, state: Any) -> tuple[list[list[Any]], bytes | None]:
+    def changes(self, state: Any) -> list[list[Any]]:
         ops = self.tracker.changes(state)
         for op in ops:
             if op[0] == "set":
@@ -169,8 +175,11 @@ class _JSONFinder(_Finder):
                 start = len(target) - len(op[2])
                 for i, value in enumerate(op[2], start):
                     check_json(value, _path_text([*op[1], i]), depth=len(op[1]) + 1)
+        return ops
+
+    def encode(self, ops: list[list[Any]], state: Any) -> bytes:
         try:
-            return ops, (self.serializer.dumps(ops) if ops else None)
+            return self.serializer.dumps(ops)
         except SerializationError:  # what only the encoder sees: name it in the state
             _inner(self.serializer).dumps(state)
             raise
@@ -230,15 +239,17 @@ class _PickleFinder(_Finder):
         else:
             self.cache = _pickled(state)
 
-    def changes(self, state: Any) -> tuple[list[list[Any]], bytes | None]:
+    def changes(self, state: Any) -> list[list[Any]]:
         from .serializers import PickleSerializer
 
         try:
-            ops = self._ops(state)
+            return self._ops(state)
         except Exception:  # let the serializer name the value it cannot pickle
             PickleSerializer().dumps(state)
             raise
-        return ops, (self.serializer.dumps(ops) if ops else None)
+
+    def encode(self, ops: list[list[Any]], state: Any) -> bytes:
+        return self.serializer.dumps(ops)
 
     def _ops(self, state: Any) -> list[list[Any]]:
         cache = self.cache
@@ -325,7 +336,7 @@ class Parts:
         self.workflow, self.run_id = workflow, run_id
         finder = _JSONFinder if _inner(serializer).name == "json" else _PickleFinder
         self.finder: _JSONFinder | _PickleFinder = finder(serializer, committed)
-        self.cached: dict[str, bytes] = {}  # changes parts' payloads, by name
+        self.cached: dict[str, bytes | memoryview] = {}  # changes parts' payloads, by name
         self.journal: list[tuple[list[Any], bytes]] = []
         """The journal records of the step in progress found by a load, in
         order: ``(meta, record)``, the record kept to be decoded afresh on replay."""
@@ -358,31 +369,47 @@ class Parts:
         changes = parts[1:] if base else parts
         weight = sum(p["size"] for p in changes) + len(tail)
         if rebase and (base is None or weight >= base["size"]):
-            return "base", self.serializer.dumps(state), parts
+            return "base", self.base(header, state), parts
         if len(parts) < _MAX_PARTS:
             merge = []  # the tail becomes a part of its own
         elif rebase and changes[-1]["size"] + len(tail) > changes[-2]["size"]:
             merge = changes[-2:]  # the newer outgrew the older: merge both (geometric)
         else:
             merge = changes[-1:]
-        return "changes", b"".join([*(self.cached[p["name"]] for p in merge), tail]), merge
+        line = self.line(header, "changes")
+        return "changes", b"".join([line, *(self.cached[p["name"]] for p in merge), tail]), merge
+
+    def line(self, header: ckpt.Checkpoint, kind: str) -> bytes:
+        """The header line of a part, with its newline."""
+        fields = {"format": 2, "workflow": self.workflow, "run_id": self.run_id}
+        fields.update(run_nonce=header.run_nonce, kind=kind, seq=header.committed)
+        return _LINE.encode(fields).encode() + b"\n"
+
+    def base(self, header: ckpt.Checkpoint, state: Any) -> bytes:
+        """A base part holding ``state``. For JSON it is encoded into the part's
+        own buffer a value at a time, so one encoded copy of the state is held,
+        not three (the encoder's pieces, its str, the bytes; then the part):
+        ``BytesIO.getvalue()`` hands over its buffer, it does not copy it.
+        """
+        line = self.line(header, "base")
+        if type(self.serializer) is not JSONSerializer:  # pickle, signed: their own bytes
+            return b"".join((line, self.serializer.dumps(state)))
+        check_json(state)
+        out = io.BytesIO(line)
+        out.seek(len(line))
+        try:
+            _json_into(out.write, state, 2)
+        except (TypeError, ValueError, RecursionError):  # let the serializer name it
+            return b"".join((line, self.serializer.dumps(state)))
+        return out.getvalue()
 
     def write_part(
-        self, header: ckpt.Checkpoint, kind: str, payload: bytes
+        self, header: ckpt.Checkpoint, kind: str, data: bytes
     ) -> Protocol[dict[str, Any]]:
-        """Write one part create-only; its record for the head's ``parts``."""
+        """Write one part (``data``, made by :meth:`plan` or :meth:`base`)
+        create-only; its record for the head's ``parts``.
+        """
         name = f"{header.committed}-{secrets.token_hex(8)}"
-        line = _LINE.encode(
-            {
-                "format": 2,
-                "workflow": self.workflow,
-                "run_id": self.run_id,
-                "run_nonce": header.run_nonce,
-                "kind": kind,
-                "seq": header.committed,
-            }
-        ).encode()
-        data = b"".join((line, b"\n", payload))
         try:
             yield Put(self.key(name), data, None)
         except CheckpointConflict:
@@ -391,9 +418,29 @@ class Parts:
             found = yield from _get(self.key(name))
             if found is None or found[0] != data:
                 raise
-        if kind == "changes":
-            self.cached[name] = payload
+        if kind == "changes":  # its payload, for a merge: a view, not a copy
+            self.cached[name] = memoryview(data)[data.index(b"\n") + 1 :]
         return {"name": name, "kind": kind, "size": len(data), "sha256": _digest(data)}
+
+
+def _json_into(write: Callable[[bytes], Any], value: Any, levels: int) -> None:
+    """Write ``value`` as JSONSerializer encodes it (compact, byte for byte):
+    the top ``levels`` of containers item by item, so that no more than one
+    item's encoding is held at a time.
+    """
+    kind = type(value)
+    if levels and kind is dict and value:
+        for i, (key, item) in enumerate(value.items()):
+            write(b"%s%s:" % (b"," if i else b"{", _COMPACT_JSON.encode(key).encode()))
+            _json_into(write, item, levels - 1)
+        write(b"}")
+    elif levels and kind is list and value:
+        for i, item in enumerate(value):
+            write(b"," if i else b"[")
+            _json_into(write, item, levels - 1)
+        write(b"]")
+    else:
+        write(_COMPACT_JSON.encode(value).encode())
 
 
 def _get(key: str) -> Protocol[tuple[bytes, str] | None]:

@@ -154,15 +154,25 @@ class RunState:
         parts = self.parts
         dropped: list[dict[str, Any]] = []
         try:
-            ops, record = parts.finder.changes(self.state)
+            ops = parts.finder.changes(self.state)
             # The journal of the step just run ends here: its records go.
             tail = self.payload if self.mark is None else self.payload[: self.mark]
-            if record is not None:  # one copy of the record, then it is let go
+            base = None
+            if len(ops) == 1 and ops[0][:2] == ["set", []]:  # a new run, or a new root
+                # The change is the whole state: a big one goes straight into a
+                # base (one encoded copy in memory), a small one into the tail.
+                base = parts.base(header, self.state)
+                if len(tail) + len(base) < parts.threshold():
+                    base = None
+            if ops and base is None:  # one copy of the record, then it is let go
+                record = parts.finder.encode(ops, self.state)
                 parts.note(record)
                 tail = b"".join((tail, *f2.frame(record)))
                 del record
-            if len(tail) >= parts.threshold():
-                header, tail, dropped = yield from self._flush(header, tail, step, rebase=True)
+            if base is not None or len(tail) >= parts.threshold():
+                header, tail, dropped = yield from self._flush(
+                    header, tail, step, rebase=True, base=base
+                )
         except SerializationError as exc:
             raise self.unsaveable(exc, step) from exc
         yield from self.write(header, step, release=release, payload=tail)
@@ -171,15 +181,26 @@ class RunState:
         yield from self._collect(dropped)
 
     def _flush(
-        self, header: ckpt.Checkpoint, tail: bytes, step: str | None, *, rebase: bool
+        self,
+        header: ckpt.Checkpoint,
+        tail: bytes,
+        step: str | None,
+        *,
+        rebase: bool,
+        base: bytes | None = None,
     ) -> Protocol[tuple[ckpt.Checkpoint, bytes, list[dict[str, Any]]]]:
-        """Write the part a flush of ``tail`` calls for; the head to write next
-        (listing it, with an empty tail) and the parts that head drops.
+        """Write the part a flush of ``tail`` calls for (``base``, a base part
+        already encoded, when given); the head to write next (listing it, with
+        an empty tail) and the parts that head drops.
         """
         assert self.parts is not None
-        kind, payload, merged = self.parts.plan(header, tail, self.state, rebase=rebase)
+        if base is None:
+            kind, data, merged = self.parts.plan(header, tail, self.state, rebase=rebase)
+        else:  # a base holds the whole state: it replaces every part and the tail
+            kind, data, merged = "base", base, list(header.parts)
+        del base
         try:
-            part = yield from self.parts.write_part(header, kind, payload)
+            part = yield from self.parts.write_part(header, kind, data)
         except CheckpointConflict as exc:
             raise self.conflict(step) from exc
         except StoreError as exc:

@@ -1,10 +1,27 @@
-"""``rm`` and ``prune``: deleting runs, and never anything that is not one."""
+"""``rm`` and ``prune``: deleting runs, and never anything that is not one.
+
+A format-2 run is its head (the ``checkpoint`` object) and the parts it
+lists, so deleting one takes several requests, and a crash can stop in
+between. The head goes first, in one conditional delete, then everything
+under the run's ``parts/``:
+
+- Parts first would leave, after a crash, a head listing parts that are
+  gone: a run that ``ls`` shows as stopped or completed but that no resume
+  can read. Head first, the run is gone at one instant, whole.
+- What a crash leaves instead is parts with no head. They are still found:
+  ``rm WORKFLOW/RUN`` of a run whose head is gone deletes what is left under
+  its ``parts/``, and ``prune`` deletes parts no head is left for once they
+  are as old as ``--older-than`` and at least :data:`LEFTOVER_AGE` (a run
+  being created writes its first part a moment before its head: a younger
+  part may be that). Both come out of the LIST each command makes anyway.
+"""
 
 from __future__ import annotations
 
 import argparse
 import sys
 import time
+from collections import defaultdict
 from collections.abc import Callable
 from typing import Any
 
@@ -12,7 +29,7 @@ from .. import _checkpoint as ckpt
 from .._format2 import parts_prefix
 from .._signals import signals_prefix
 from ..errors import CheckpointConflict
-from ..stores import Store
+from ..stores import ObjectInfo, Store
 from ._base import (
     EXIT_NOT_FOUND,
     EXIT_OK,
@@ -25,10 +42,22 @@ from ._base import (
     run_ref,
     workflow_name,
 )
-from ._format import Style, echo, human_age, human_size, parse_duration, status_label, table
+from ._format import (
+    Style,
+    echo,
+    human_age,
+    human_size,
+    parse_duration,
+    run_size,
+    status_label,
+    table,
+)
 from ._runs import RunInfo, find_runs, locate, owner_text, peek_header, run_status
 
-__all__ = ["register"]
+__all__ = ["LEFTOVER_AGE", "register"]
+
+LEFTOVER_AGE = 600.0
+"""Seconds before ``prune`` takes parts with no head for an interrupted delete's leftovers."""
 
 
 def _cmd_rm(args: argparse.Namespace, store: Store, style: Style) -> int:
@@ -36,6 +65,10 @@ def _cmd_rm(args: argparse.Namespace, store: Store, style: Style) -> int:
     name, key = f"{workflow}/{run_id}", ckpt.checkpoint_key(workflow, run_id)
     found = store.get(key)
     if found is None:
+        left = _delete_parts(store, workflow, run_id)
+        if left:  # an rm or prune that stopped between the head and the parts
+            echo(f"deleted {left} part(s) left of run {name}, whose checkpoint was already gone")
+            return EXIT_OK
         raise CommandError(f"run {name} not found (no checkpoint at {key!r})", EXIT_NOT_FOUND)
     header = peek_header(found[0], workflow, run_id)
     if header is None and found[0] == b"" and args.force:
@@ -74,7 +107,7 @@ def _cmd_rm(args: argparse.Namespace, store: Store, style: Style) -> int:
         )
     store.delete(key, match=found[1])  # refused if the run changed since we looked
     _delete_parts(store, workflow, run_id)
-    size = human_size(len(found[0]))
+    size = human_size(run_size(len(found[0]), header))
     if status == "deleted":
         echo(f"deleted the tombstone of {name} ({size}): the id is free for a new run")
     else:
@@ -89,26 +122,19 @@ def _cmd_prune(args: argparse.Namespace, store: Store, style: Style) -> int:
         wanted.add("deleted")
     if not wanted:
         raise CommandError("say what to prune: --completed and/or --failed", EXIT_USAGE)
-    now, kept = time.time(), 0
-    chosen: list[tuple[RunInfo, float]] = []
-    for run in find_runs(store, args.workflow):
-        h = run.header
-        if run.problem is not None or h is None or run.status not in wanted:
-            continue
-        age = now - float(h.get("updated_at", now))
-        if age < args.older_than:
-            continue
-        if h.get("intent"):  # deleting it would forget the idempotency key
-            kept += 1
-        else:
-            chosen.append((run, age))
+    now = time.time()
+    chosen, kept = _choose(store, args, wanted, now)
     if kept:
         echo(
             f"{PROG}: keeping {kept} run(s) with a step in doubt; see `{PROG} ls`",
             stream=sys.stderr,
         )
+    leftovers = _prune_leftovers(store, args, now)
     if not chosen:
-        echo(f"{PROG}: nothing to prune in {args.store_url}", stream=sys.stderr)
+        if not leftovers:
+            echo(f"{PROG}: nothing to prune in {args.store_url}", stream=sys.stderr)
+        elif not args.yes:
+            print(style.dim("dry run: nothing was deleted; add --yes to delete them"))
         return EXIT_OK
     total = human_size(sum(r.size for r, _ in chosen))
     rows = [
@@ -135,13 +161,72 @@ def _cmd_prune(args: argparse.Namespace, store: Store, style: Style) -> int:
     return EXIT_OK
 
 
-def _delete_parts(store: Store, workflow: str, run_id: str) -> None:
+def _choose(
+    store: Store, args: argparse.Namespace, wanted: set[str], now: float
+) -> tuple[list[tuple[RunInfo, float]], int]:
+    """The runs to prune with their ages, and how many are kept for an intent."""
+    kept, chosen = 0, []
+    for run in find_runs(store, args.workflow):
+        h = run.header
+        if run.problem is not None or h is None or run.status not in wanted:
+            continue
+        age = now - float(h.get("updated_at", now))
+        if age < args.older_than:
+            continue
+        if h.get("intent"):  # deleting it would forget the idempotency key
+            kept += 1
+        else:
+            chosen.append((run, age))
+    return chosen, kept
+
+
+def _delete_parts(store: Store, workflow: str, run_id: str) -> int:
     """Delete everything under a deleted run's ``parts/`` (format 2: the parts
-    its head listed, and any a crashed or fenced-off writer left behind).
+    its head listed, and any a crashed or fenced-off writer left behind); how many.
+    Called once the head is deleted, never before (see the module docstring).
     """
-    for prefix in (parts_prefix(workflow, run_id), signals_prefix(workflow, run_id)):
-        for info in list(store.list(prefix)):
-            store.delete(info.key)
+    found = list(store.list(parts_prefix(workflow, run_id)))
+    for info in found:
+        store.delete(info.key)
+    for info in list(store.list(signals_prefix(workflow, run_id))):
+        store.delete(info.key)
+    return len(found)
+
+
+def _prune_leftovers(store: Store, args: argparse.Namespace, now: float) -> int:
+    """List (dry run) or delete the parts interrupted deletes left; how many."""
+    found = _leftovers(store, args.workflow, now - max(args.older_than, LEFTOVER_AGE))
+    parts = [info for infos in found.values() for info in infos]
+    if not parts:
+        return 0
+    what = f"{len(parts)} part(s) left of {len(found)} deleted run(s)"
+    if not args.yes:
+        print(f"would delete {what}: {', '.join(sorted(found))}")
+        return len(parts)
+    for info in parts:
+        store.delete(info.key)
+    print(f"deleted {what} ({human_size(sum(i.size for i in parts))})")
+    return len(parts)
+
+
+def _leftovers(store: Store, workflow: str | None, before: float) -> dict[str, list[ObjectInfo]]:
+    """Parts (and signals) of runs with no head, all last written before
+    ``before``, by run name: what an interrupted ``rm``/``prune`` left (see the
+    module docstring).
+    """
+    heads: set[str] = set()
+    parts: defaultdict[str, list[ObjectInfo]] = defaultdict(list)
+    for info in store.list(f"{workflow}/" if workflow else ""):
+        path = info.key.split("/")
+        if len(path) == 3 and path[2] == ckpt.CHECKPOINT_OBJECT:
+            heads.add(f"{path[0]}/{path[1]}")
+        elif len(path) == 4 and path[2] in ("parts", "signals"):
+            parts[f"{path[0]}/{path[1]}"].append(info)
+    return {
+        run: infos
+        for run, infos in parts.items()
+        if run not in heads and all(i.modified < before for i in infos)
+    }
 
 
 def register(command: Callable[..., Any]) -> None:
@@ -150,9 +235,11 @@ def register(command: Callable[..., Any]) -> None:
         "rm",
         _cmd_rm,
         "delete one run's checkpoint",
-        "Delete a run's checkpoint object and its parts (format 2). Refused without --force for a "
-        "run a live process owns (status running) or with a step in doubt (the new run "
-        "would fire it with a new idempotency key). A stopped run can be deleted.",
+        "Delete a run's checkpoint object and its parts (format 2), the checkpoint first. Refused "
+        "without --force for a run a live process owns (status running) or with a step in "
+        "doubt (the new run would fire it with a new idempotency key). A stopped run can be "
+        "deleted. For a WORKFLOW/RUN whose checkpoint is gone, deletes the parts an "
+        "interrupted rm or prune left.",
     )
     rm.add_argument("run", metavar="RUN", type=run_ref, help=RUN_HELP)
     rm.add_argument("--force", action="store_true", help="delete even a live-owned or in-doubt run")
@@ -165,7 +252,9 @@ def register(command: Callable[..., Any]) -> None:
         "whose state was deleted on completion) and/or failed (--failed) runs "
         "whose last checkpoint is older than --older-than. Lists them without deleting "
         "unless --yes. Runs with a pending intent and objects that are not durable_steps "
-        "checkpoints are never deleted.",
+        "checkpoints are never deleted. Also deletes the parts an interrupted rm or prune "
+        "left (no checkpoint is left for them) once they are --older-than old, and at "
+        "least 10 minutes.",
     )
     prune.add_argument(
         "--completed", action="store_true", help="prune completed runs and tombstones"

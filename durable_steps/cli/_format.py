@@ -27,6 +27,7 @@ __all__ = [
     "human_size",
     "json_text",
     "parse_duration",
+    "run_size",
     "status_label",
     "table",
     "timestamp",
@@ -108,6 +109,18 @@ def human_size(size: int) -> str:
         if value < 1024 or unit == "TB":
             break
     return f"{value:.1f} {unit}"
+
+
+def run_size(head: int, header: dict[str, Any] | None) -> int:
+    """The bytes a run occupies: its head (``head`` bytes) plus, for format 2,
+    the parts the head lists (their sizes are in the head: no extra request).
+    Unlisted parts (a crashed writer's garbage) are not counted.
+    """
+    parts = (header or {}).get("parts")
+    if not isinstance(parts, list):
+        return head
+    sizes = (p.get("size") for p in parts if isinstance(p, dict))
+    return head + sum(n for n in sizes if type(n) is int and n > 0)
 
 
 def human_duration(seconds: float) -> str:

@@ -21,7 +21,7 @@ from ..errors import CorruptCheckpoint
 from ..serializers import SIGNING_KEY_ENV, JSONSerializer, SignedSerializer
 from ..stores import Store
 from ._base import EXIT_NOT_FOUND, EXIT_USAGE, PROG, CommandError
-from ._format import human_age
+from ._format import human_age, run_size
 
 __all__ = [
     "RunInfo",
@@ -57,7 +57,7 @@ class RunInfo:
     workflow: str
     run_id: str
     key: str
-    size: int
+    size: int  # the head's bytes and its parts' (format 2)
     header: dict[str, Any] | None
     status: str  # the status shown (see run_status), or "corrupt"
     problem: str | None
@@ -83,7 +83,7 @@ class RunInfo:
                 )
         except CorruptCheckpoint as exc:
             problem = exc.message
-        return cls(workflow, run_id, key, len(data), raw, status, problem, version)
+        return cls(workflow, run_id, key, run_size(len(data), raw), raw, status, problem, version)
 
     @property
     def name(self) -> str:

@@ -1,0 +1,123 @@
+"""ls/prune sizes and rm/prune of format-2 runs (a head and its parts)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import durable_steps as ds
+from durable_steps import _checkpoint as ckpt
+from durable_steps import _format2 as f2
+from durable_steps import cli
+from durable_steps.cli import _cleanup
+from durable_steps.cli._format import human_size
+
+
+def grown(url: str, run_id: str, steps: int = 60) -> ds.Store:
+    """A completed format-2 run of ``steps`` 2 KB messages (so it has parts)."""
+    store = ds.open_store(url)
+    wf = ds.Workflow("chat", store=store, until=lambda s: len(s["messages"]) >= steps)
+
+    @wf.step()
+    def turn(state: dict[str, Any]) -> None:
+        state["messages"].append({"content": f"{len(state['messages']):06d}" + "x" * 2042})
+
+    wf.run(run_id, {"messages": []})
+    return store
+
+
+def objects(store: ds.Store, run_id: str) -> dict[str, int]:
+    return {i.key: i.size for i in store.list(f"chat/{run_id}/")}
+
+
+def test_ls_and_prune_sizes_count_the_head_and_its_parts(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A format-2 run's SIZE is its head plus the parts the head lists (sizes
+    the head holds), not the head alone: here every byte of the run.
+    """
+    url = str(tmp_path / "s")
+    store = grown(url, "r")
+    stored = objects(store, "r")
+    assert len(stored) >= 2  # the head and at least one part
+    assert cli.main(["--store", url, "ls", "--json"]) == 0
+    (listed,) = json.loads(capsys.readouterr().out)
+    assert listed["size"] == sum(stored.values())
+    assert cli.main(["--store", url, "prune", "--completed", "--older-than", "0s"]) == 0
+    assert human_size(sum(stored.values())) in capsys.readouterr().out
+
+
+KILLED_RM = """
+import os, signal, sys
+import durable_steps as ds
+from durable_steps import cli
+from durable_steps.cli import _cleanup
+from durable_steps.cli._format import human_size
+from durable_steps.stores import local
+delete = local.LocalStore.delete
+def dying(self, key, *, match=None):
+    if "/parts/" in key:  # the head is deleted: die before its first part is
+        os.kill(os.getpid(), signal.SIGKILL)
+    delete(self, key, match=match)
+local.LocalStore.delete = dying
+sys.exit(cli.main(sys.argv[1:]))
+"""
+
+
+def killed_while_deleting(url: str, *argv: str) -> None:
+    """Run the CLI in a child that is SIGKILLed between a run's head and its parts."""
+    proc = subprocess.run(
+        [sys.executable, "-c", KILLED_RM, "--store", url, *argv],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert proc.returncode == -signal.SIGKILL, proc.stderr
+
+
+def age(store_dir: Path, seconds: float) -> None:
+    """Make every object under ``store_dir`` look ``seconds`` old."""
+    then = time.time() - seconds
+    for path in store_dir.rglob("*"):
+        os.utime(path, (then, then), follow_symlinks=False)
+
+
+@pytest.mark.parametrize("command", ["rm", "prune"])
+def test_a_delete_killed_between_the_head_and_its_parts_leaves_nothing_unreadable(
+    tmp_path: Path, command: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """rm and prune delete the head first: SIGKILLed before the parts, they
+    leave no head that lists missing parts, and the parts they leave are found
+    and deleted by the next rm of that run or the next prune.
+    """
+    url = str(tmp_path / "s")
+    store = grown(url, "r")
+    argv = ["rm", "chat/r"] if command == "rm" else ["prune", "--completed"]
+    killed_while_deleting(url, *argv, *(["--older-than", "0s", "--yes"] * (command == "prune")))
+    assert store.get(ckpt.checkpoint_key("chat", "r")) is None
+    left = objects(store, "r")
+    assert left
+    assert all(f2.parts_prefix("chat", "r") in k for k in left)
+    assert cli.main(["--store", url, "ls"]) == 0  # no run shown: nothing half-readable
+    assert "chat" not in capsys.readouterr().out
+
+    if command == "rm":
+        assert cli.main(["--store", url, "rm", "chat/r"]) == 0
+        assert f"deleted {len(left)} part(s) left of run chat/r" in capsys.readouterr().out
+    else:
+        prune = ["--store", url, "prune", "--completed", "--older-than", "0s", "--yes"]
+        assert cli.main(prune) == 0  # too young: may be a run being created
+        assert objects(store, "r") == left
+        age(tmp_path / "s", 2 * _cleanup.LEFTOVER_AGE)
+        assert cli.main(prune) == 0
+        assert f"deleted {len(left)} part(s) left of 1 deleted run(s)" in capsys.readouterr().out
+    assert objects(store, "r") == {}
