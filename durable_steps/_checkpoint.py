@@ -600,7 +600,7 @@ def _journal_problem(journal: object, version: int) -> str | None:  # noqa: PLR0
             isinstance(e, list)
             and len(e) == 4
             and isinstance(e[0], str)
-            and e[1] in ("call", "effect", "sleep", "signal")
+            and e[1] in ("call", "effect", "sleep", "signal", "timeout")
             and (e[2] is None or _is_key(e[2]))
             and isinstance(e[3], str)
             for e in inline

@@ -293,7 +293,8 @@ def migrate(run: RunState) -> Protocol[None]:
         raise DurableStepsError(
             f"run {run.name}: migrate(state, {old!r}) to version {new!r} raised "
             f"{type(exc).__name__}: {exc}. Nothing was written: the run is as it was. Fix "
-            f"migrate() and run it again, or resume the run with the code of version {old!r}.",
+            f"migrate() and run it again, or resume the run with the code it was made by"
+            f"{f' (version {old!r})' if old is not None else ' (which recorded no version)'}.",
             run=run.name,
         ) from exc
     if result is not None:
@@ -408,6 +409,19 @@ def fork(plan: Plan, source: str, target: str) -> Protocol[None]:
             src.name,
             intent.get("step"),
             intent.get("key"),
+            new.name,
+        )
+    journal = header.journal
+    if journal is not None and (journal["calls"] or journal["open"]):
+        logger.warning(
+            "run %s: step %r was in progress with %d journaled call(s) recorded and %d "
+            "effect(s) in doubt; the fork %s runs that step again from its start, so its "
+            "calls run again and its effects fire again under new idempotency keys. Let "
+            "the source finish the step first if that matters.",
+            src.name,
+            journal["step"],
+            journal["calls"],
+            len(journal["open"]),
             new.name,
         )
     new.state = src.state

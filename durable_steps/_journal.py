@@ -67,6 +67,7 @@ from .errors import (
     SerializationError,
 )
 from .serializers import plain_json
+from .stores import DEFAULT_STORE
 
 if TYPE_CHECKING:
     from ._run import RunState
@@ -74,7 +75,7 @@ if TYPE_CHECKING:
 __all__ = ["MISS", "Journal", "record_resolved"]
 
 logger = logging.getLogger("durable_steps")
-Kind = Literal["call", "effect", "sleep", "signal"]
+Kind = Literal["call", "effect", "sleep", "signal", "timeout"]
 """``sleep``: a wake time or a signal's deadline; ``signal``: a received payload."""
 MAX_NAME = 200
 
@@ -123,6 +124,9 @@ class Journal:
         """Effects whose intent is durable and whose result is not, by name."""
         self.used: set[str] = set()
         """Names called in the current attempt."""
+        self.unrecorded: dict[str, tuple[str, Any]] = {}
+        """Effects that returned in this process but whose result could not be
+        recorded (a store failure): a retry records it instead of firing again."""
         self.failed: set[str] = set()
         """Effects whose ``fn`` raised in this process: a retry re-fires them
         with the same key without calling that doubt."""
@@ -198,15 +202,25 @@ class Journal:
         hit = self.begin(name, "effect")
         if hit is not MISS:
             return hit
-        key, change = self._intent(name)
-        self._durable(change)
-        self._renew_if_short()
+        fired = self.unrecorded.pop(name, None)
+        if fired is not None:  # it returned in this process; only its record failed
+            key, result = fired
+        else:
+            _takes_key(fn, args, kwargs, name)
+            self._warn_implicit_store()
+            key, change = self._intent(name)
+            self._durable(change)
+            self._renew_if_short()
+            try:
+                result = _sync_result(fn(*args, idempotency_key=key, **kwargs), name, "effect")
+            except BaseException:
+                self.failed.add(name)
+                raise
         try:
-            result = _sync_result(fn(*args, idempotency_key=key, **kwargs), name, "effect")
+            return self.finish(name, "effect", key, result)
         except BaseException:
-            self.failed.add(name)
+            self.unrecorded[name] = (key, result)  # a retry records it without firing again
             raise
-        return self.finish(name, "effect", key, result)
 
     async def acall(self, name: str, fn: Callable[..., Any], args: Any, kwargs: Any) -> Any:
         """``ctx.acall``: :meth:`call` for a coroutine function, writes off the loop."""
@@ -228,17 +242,41 @@ class Journal:
         hit = self.begin(name, "effect")
         if hit is not MISS:
             return hit
-        key, change = self._intent(name)
-        await asyncio.to_thread(self._durable, change)
-        await asyncio.to_thread(self._renew_if_short)
+        fired = self.unrecorded.pop(name, None)
+        if fired is not None:  # it returned in this process; only its record failed
+            key, result = fired
+        else:
+            _takes_key(fn, args, kwargs, name)
+            self._warn_implicit_store()
+            key, change = self._intent(name)
+            await asyncio.to_thread(self._durable, change)
+            await asyncio.to_thread(self._renew_if_short)
+            try:
+                result = await _awaited(fn(*args, idempotency_key=key, **kwargs))
+            except BaseException:
+                self.failed.add(name)
+                raise
         try:
-            result = await _awaited(fn(*args, idempotency_key=key, **kwargs))
+            record = self._encode(name, "effect", key, result)
+            await asyncio.to_thread(self._durable, _Change(name, result=record))
         except BaseException:
-            self.failed.add(name)
+            self.unrecorded[name] = (key, result)  # a retry records it without firing again
             raise
-        record = self._encode(name, "effect", key, result)
-        await asyncio.to_thread(self._durable, _Change(name, result=record))
         return self._recorded(name, record)
+
+    def _warn_implicit_store(self) -> None:
+        """The default-store warning, for effects (the runner gives it for steps)."""
+        run = self.run
+        if run.plan.implicit_store and not run.warned_store:
+            run.warned_store = True
+            logger.warning(
+                "run %s makes effects in the default local store %s because no store= was "
+                "given and $DURABLE_STEPS_STORE is not set. A rerun from another directory "
+                "or machine will not find it and will start the run over, firing its effects "
+                "again under new idempotency keys. Pass store= (or set $DURABLE_STEPS_STORE).",
+                run.name,
+                DEFAULT_STORE,
+            )
 
     def begin(self, name: str, kind: Kind) -> Any:
         """Check ``name``; the replayed value if it is recorded, else ``MISS``."""
@@ -471,6 +509,25 @@ class Journal:
             self.closed = True
             while self._writing:
                 self._cond.wait()
+
+
+def _takes_key(fn: Callable[..., Any], args: Any, kwargs: Any, name: str) -> None:
+    """Refuse, before its intent is written, an effect whose ``fn`` cannot take
+    ``idempotency_key=`` (it would fail with a TypeError and be left in doubt).
+    """
+    try:
+        signature = inspect.signature(fn)
+    except (TypeError, ValueError):  # a builtin: Python cannot say
+        return
+    try:
+        signature.bind(*args, idempotency_key="", **kwargs)
+    except TypeError as exc:
+        raise DefinitionError(
+            f"ctx.effect({name!r}): {getattr(fn, '__name__', fn)!r} cannot be called with "
+            f"these arguments and idempotency_key= ({exc}); nothing was fired. An effect's "
+            "function receives its key as the keyword argument idempotency_key: add that "
+            "parameter, or wrap the call (lambda idempotency_key: api(..., key=idempotency_key))."
+        ) from None
 
 
 def _sync_result(result: Any, name: str, kind: str) -> Any:

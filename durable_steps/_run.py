@@ -88,6 +88,8 @@ class RunState:
         """The owner record found by the last refused write, if any."""
         self.parts: f2.Parts | None = None
         """A format-2 run's parts and change finder; ``payload`` is then its tail."""
+        self.warned_store = False
+        """The default-store warning was given for this run (see ``_create``)."""
         self.lock = threading.Lock()
         """Held by every write made while a step runs (its journal, the heartbeat)."""
         self.mark: int | None = None
@@ -158,7 +160,10 @@ class RunState:
             # The journal of the step just run ends here: its records go.
             tail = self.payload if self.mark is None else self.payload[: self.mark]
             base = None
-            if len(ops) == 1 and ops[0][:2] == ["set", []]:  # a new run, or a new root
+            # A save while a step's journal is pending (a migration before the
+            # step resumes) must keep its records: no base, which holds state only.
+            pending = header.journal is not None
+            if not pending and len(ops) == 1 and ops[0][:2] == ["set", []]:  # a new root
                 # The change is the whole state: a big one goes straight into a
                 # base (one encoded copy in memory), a small one into the tail.
                 base = parts.base(header, self.state)
@@ -171,7 +176,7 @@ class RunState:
                 del record
             if base is not None or len(tail) >= parts.threshold():
                 header, tail, dropped = yield from self._flush(
-                    header, tail, step, rebase=True, base=base
+                    header, tail, step, rebase=not pending, base=base
                 )
         except SerializationError as exc:
             raise self.unsaveable(exc, step) from exc
@@ -364,14 +369,18 @@ class RunState:
         after it carry only the header and what came since.
         """
         dropped: list[dict[str, Any]] = []
+        flushed = False
         if self.parts is not None:
             limit = self.parts.threshold() if flush_over is None else flush_over
             if len(tail) > limit:
                 header, tail, dropped = yield from self._flush(header, tail, step, rebase=False)
-                if self.mark is not None:
-                    self.mark = 0  # the committed tail is in the part now
+                flushed = True
         yield from self.write(header, step, payload=tail)
         self.payload = tail
+        if flushed and self.mark is not None:
+            # Only now: the head that lists the part holding the committed tail
+            # landed. Had the write failed, the tail would still be ours to keep.
+            self.mark = 0
         if dropped:
             yield from self._collect(dropped)
 

@@ -92,7 +92,11 @@ def execute(plan: Plan, run_id: str, initial: Any, *, create: bool = True) -> Pr
                     yield from _tombstone(run)
                 return run.state
             if run.header.status == "waiting":
-                yield from wake(run)
+                yield from wake(run)  # RunSuspended if not due: nothing written
+                # Two processes may wake a run at once (a worker, a wait=True
+                # loop): claim it before its step, so only one goes on.
+                claim = True
+                yield from _deploy.migrate(run)
             if claim:
                 # An explicit claim before any step (or reconcile) runs: from
                 # here on a process that held the run is fenced off by the
@@ -153,6 +157,7 @@ def _create(run: RunState, initial: Any, *, release: bool = False) -> Protocol[N
             STORE_ENV,
             STORE_ENV,
         )
+        run.warned_store = True
     run.event("run_started")
 
 
@@ -176,7 +181,8 @@ def _load(run: RunState, data: bytes, version: str) -> Protocol[bool]:
             f"{_READS} times); it was left untouched. Restore the part or delete the run.",
             run=run.name,
         )
-    yield from _deploy.migrate(run)  # before any other write: a failure writes nothing
+    if run.header.status != "waiting":  # a waiting run migrates once it wakes (execute)
+        yield from _deploy.migrate(run)  # before any other write: a failure writes nothing
     header = run.header
     if header.status not in ("completed", "deleted", "waiting"):  # a waiting one: _wake says
         step = run.plan.steps[header.next_step].name
@@ -361,6 +367,9 @@ def _fire(
         except AwaitableInSyncRun as exc:
             return ctx.attempt, exc  # not a failure of the step, and never retried
         except Exception as exc:
+            lost = heartbeat.lost or (ctx._journal is not None and ctx._journal.lost)
+            if lost or isinstance(exc, CheckpointConflict):  # taken over: never retried
+                raise run.conflict(step.name) from exc
             wait = _next_wait(policy, tries, exc)
             if wait is None:
                 return ctx.attempt, exc

@@ -22,6 +22,7 @@ removed with it (``rm``, ``prune``, ``on_complete="delete"``).
 
 from __future__ import annotations
 
+import contextlib
 import hmac
 import json
 import re
@@ -68,20 +69,35 @@ def signal_key(workflow: str, run_id: str, name: str) -> str:
     return signals_prefix(workflow, run_id) + name
 
 
-def encode(
-    workflow: str, run_id: str, name: str, payload: Any, signer: ckpt.Signer | None = None
+def encode(  # noqa: PLR0917 - a record's fields
+    workflow: str,
+    run_id: str,
+    name: str,
+    payload: Any,
+    signer: ckpt.Signer | None = None,
+    nonce: str | None = None,
+    consumed: list[Any] | None = None,
 ) -> bytes:
-    """A signal object; SerializationError for a payload JSON cannot hold or too large."""
+    """A signal object; SerializationError for a payload JSON cannot hold or too large.
+
+    ``nonce`` is the run's nonce: a signal belongs to one incarnation of a run
+    id, so one sent to a run that was then deleted (or that a racing ``rm``
+    missed) is never delivered to a new run under the same id. ``consumed``
+    is ``[step, iteration]`` once a step received it (see :func:`consume`).
+    """
     run = f"{workflow}/{run_id}"
     check_json(payload, "payload")
-    record = {
+    record: dict[str, Any] = {
         "format": 1,
         "workflow": workflow,
         "run_id": run_id,
+        "run_nonce": nonce,
         "name": name,
         "sent_at": round(time.time(), 3),
         "payload": payload,
     }
+    if consumed is not None:
+        record["consumed"] = consumed
     line = _LINE.encode(record).encode()
     if len(line) > MAX_PAYLOAD:
         raise SerializationError(
@@ -97,8 +113,10 @@ def encode(
 
 def decode(
     data: bytes, workflow: str, run_id: str, name: str, signer: ckpt.Signer | None = None
-) -> Any:
-    """The payload of a signal object, once it is proven to be this run's signal ``name``."""
+) -> dict[str, Any]:
+    """A signal object's record, once it is proven to be this run id's signal ``name``
+    (``payload``, ``run_nonce``, ``sent_at``, and ``consumed`` once received).
+    """
     run = f"{workflow}/{run_id}"
     where = f"run {run}: signal {name!r}"
     if signer is not None:
@@ -116,24 +134,58 @@ def decode(
                 run=run,
             )
         data = body
-    try:
-        record = json.loads(data)
-    except (ValueError, RecursionError):
-        record = None
+    record = _record(data)
     fields = ("format", "workflow", "run_id", "name")
-    if not isinstance(record, dict) or tuple(record.get(f) for f in fields) != (
-        1,
-        workflow,
-        run_id,
-        name,
-    ):
+    if record is None or tuple(record.get(f) for f in fields) != (1, workflow, run_id, name):
         raise CorruptCheckpoint(
             f"{where}: the object at {signal_key(workflow, run_id, name)!r} is not that "
             "signal (damaged, or copied from another run); it was left untouched. Delete it "
             "and send the signal again.",
             run=run,
         )
-    return record.get("payload")
+    return record
+
+
+def _record(data: bytes) -> dict[str, Any] | None:
+    try:
+        record = json.loads(data)
+    except (ValueError, RecursionError):
+        return None
+    return record if isinstance(record, dict) else None
+
+
+def for_run(data: bytes, nonce: str) -> bool:
+    """Whether a signal object was sent to the incarnation of the run with ``nonce``
+    (read unverified: the step that receives it verifies it).
+    """
+    signed = _SIG_TAIL.search(data)
+    record = _record(data[: signed.start()] + b"}" if signed else data)
+    return record is not None and record.get("run_nonce") == nonce
+
+
+def consume(
+    store: Store,
+    found: tuple[bytes, str],
+    record: dict[str, Any],
+    where: list[Any],
+    signer: ckpt.Signer | None,
+) -> None:
+    """Mark a signal as received by step ``where`` (``[step, iteration]``), so that
+    another step or pass waiting for the same name is told, not given it again.
+    Best effort: the step's journal holds the payload either way.
+    """
+    marked = encode(
+        record["workflow"],
+        record["run_id"],
+        record["name"],
+        record.get("payload"),
+        signer,
+        record.get("run_nonce"),
+        consumed=where,
+    )
+    key = signal_key(record["workflow"], record["run_id"], record["name"])
+    with contextlib.suppress(DurableStepsError):  # changed, unreachable: the journal has it
+        store.put(key, marked, match=found[1])
 
 
 def send(  # noqa: PLR0917 - the public wf.signal's arguments, plus where
@@ -148,6 +200,8 @@ def send(  # noqa: PLR0917 - the public wf.signal's arguments, plus where
 
     Refused (``DurableStepsError``) when the run does not exist or has
     finished: a signal nobody can receive is a mistake worth hearing about.
+    A signal left by an earlier run under the same id (deleted since) is
+    replaced.
     """
     ckpt.validate_name(run_id, "run id")
     run = f"{workflow}/{run_id}"
@@ -159,7 +213,7 @@ def send(  # noqa: PLR0917 - the public wf.signal's arguments, plus where
             "letters, digits and '._@=+:-', starting with a letter or digit",
             run=run,
         ) from None
-    data = encode(workflow, run_id, name, payload, signer)
+    check_json(payload, "payload")
     found = store.get(ckpt.checkpoint_key(workflow, run_id))
     if found is None:
         raise DurableStepsError(
@@ -168,16 +222,29 @@ def send(  # noqa: PLR0917 - the public wf.signal's arguments, plus where
             run=run,
         )
     split = ckpt.split_header(found[0])
-    status = split[0].get("status") if split else None
+    header = split[0] if split else {}
+    status, nonce = header.get("status"), header.get("run_nonce")
     if status in ("completed", "deleted"):
         raise DurableStepsError(
             f"run {run} has {status}, so nothing will receive signal {name!r}; it was not sent",
             run=run,
         )
+    data = encode(
+        workflow, run_id, name, payload, signer, nonce if isinstance(nonce, str) else None
+    )
+    key = signal_key(workflow, run_id, name)
     try:
-        store.put(signal_key(workflow, run_id, name), data, match=None)
+        store.put(key, data, match=None)
     except CheckpointConflict:
-        return False
+        old = store.get(key)
+        if old is None:  # deleted in between (rm of the run): nothing to deliver to
+            return False
+        if for_run(old[0], str(nonce)):
+            return False
+        try:  # an earlier incarnation's: this run never saw it
+            store.put(key, data, match=old[1])
+        except CheckpointConflict:
+            return False
     return True
 
 
@@ -202,8 +269,10 @@ def await_wake(store: Store, workflow: str, run_id: str, waiting: RunSuspended) 
         time.sleep(max(0.0, (waiting.until or 0) - time.time()))
         return
     key = signal_key(workflow, run_id, waiting.signal)
+    nonce = _nonce(store, workflow, run_id)
     for pause in _pauses(waiting.until):
-        if store.get(key) is not None:
+        got = store.get(key)
+        if got is not None and for_run(got[0], nonce):
             return
         time.sleep(pause)
 
@@ -216,7 +285,17 @@ async def await_wake_async(store: Store, workflow: str, run_id: str, waiting: Ru
         await asyncio.sleep(max(0.0, (waiting.until or 0) - time.time()))
         return
     key = signal_key(workflow, run_id, waiting.signal)
+    nonce = await asyncio.to_thread(_nonce, store, workflow, run_id)
     for pause in _pauses(waiting.until):
-        if await asyncio.to_thread(store.get, key) is not None:
+        got = await asyncio.to_thread(store.get, key)
+        if got is not None and for_run(got[0], nonce):
             return
         await asyncio.sleep(pause)
+
+
+def _nonce(store: Store, workflow: str, run_id: str) -> str:
+    """The nonce of the run now under this id ("" if none: then nothing is for it)."""
+    found = store.get(ckpt.checkpoint_key(workflow, run_id))
+    split = ckpt.split_header(found[0]) if found else None
+    nonce = split[0].get("run_nonce") if split else None
+    return nonce if isinstance(nonce, str) else ""

@@ -22,7 +22,7 @@ from ._drivers import Get, Protocol
 from ._events import logger
 from ._journal import MISS, Journal
 from ._run import RunState
-from ._signals import decode, signal_key
+from ._signals import consume, decode, for_run, signal_key
 from ._step import Context, Step
 from .errors import DefinitionError, RunSuspended, SignalTimeout
 
@@ -95,26 +95,60 @@ def wait_for(journal: Journal, name: str, timeout: float | None) -> Any:
     hit = journal.begin(entry, "signal")
     if hit is not MISS:
         return hit
+    timed_out = SignalTimeout(
+        f"run {run.name}: step {journal.step!r}: signal {name!r} did not come within {timeout:g}s"
+        if timeout is not None
+        else f"run {run.name}: signal {name!r} timed out",
+        run=run.name,
+        step=journal.step,
+        signal=name,
+    )
+    if journal.begin(f"timeout:{name}", "timeout") is not MISS:
+        raise timed_out  # recorded: a re-run takes the same branch, even if it came since
     deadline = None
     if timeout is not None:
         deadline = float(
             journal.remember(f"deadline:{name}", "sleep", lambda: time.time() + timeout)
         )
-    workflow, run_id = run.plan.workflow, run.run_id
-    found = run.plan.store.get(signal_key(workflow, run_id, name))
-    if found is not None:
-        payload = decode(found[0], workflow, run_id, name, run.signer)
+    payload = _received(journal, name)
+    if payload is not MISS:
         journal.event("signal_received", entry)
         return journal.finish(entry, "signal", None, payload)
     if deadline is not None and time.time() >= deadline:
-        raise SignalTimeout(
-            f"run {run.name}: step {journal.step!r}: signal {name!r} did not come within "
-            f"{timeout:g}s",
+        journal.finish(f"timeout:{name}", "timeout", None, True)
+        raise timed_out
+    raise Suspend(deadline, name)
+
+
+def _received(journal: Journal, name: str) -> Any:
+    """Signal ``name``'s payload if it was sent to this run, else ``MISS``.
+
+    A signal is received once per run: one that another step or pass received
+    already is refused (put the pass in the name), and it is marked received
+    here before its payload is recorded.
+    """
+    run = journal.run
+    workflow, run_id = run.plan.workflow, run.run_id
+    found = run.plan.store.get(signal_key(workflow, run_id, name))
+    if found is None:
+        return MISS
+    record = decode(found[0], workflow, run_id, name, run.signer)
+    if record.get("run_nonce") != run.header.run_nonce:
+        return MISS  # sent to an earlier run under this id, deleted since
+    here = [journal.step, journal.iteration]
+    consumed = record.get("consumed")
+    if consumed is not None and consumed != here:
+        raise DefinitionError(
+            f"run {run.name}: step {journal.step!r} (pass {journal.iteration}) waits for "
+            f"signal {name!r}, which step {consumed[0]!r} (pass {consumed[1]}) received "
+            "already. A signal name is delivered once per run: waits in a loop put the pass "
+            f'in the name, e.g. ctx.wait_for(f"{name}:{{ctx.iteration}}").',
             run=run.name,
             step=journal.step,
-            signal=name,
         )
-    raise Suspend(deadline, name)
+    if consumed is None:
+        consume(run.plan.store, found, record, here, run.signer)
+    return record.get("payload")
 
 
 # --- the runner's side: suspending and waking ------------------------------------------
@@ -130,7 +164,7 @@ def suspend(run: RunState, step: Step[..., Any], ctx: Context, wait: Suspend) ->
         "since": round(time.time(), 3),
     }
     yield from run.write(run.header.evolve(status="waiting", wait=record), step.name, release=True)
-    logger.info("run %s: step %r waits for %s", run.name, step.name, waits_for(record))
+    logger.info("run %s: step %r waits %s", run.name, step.name, waits_for(record))
     run.event("run_suspended", step=step.name, iteration=ctx.iteration)
     raise suspended(run, record)
 
@@ -142,7 +176,7 @@ def wake(run: RunState) -> Protocol[None]:
     due = wait["until"] is not None and time.time() >= wait["until"]
     if not due and wait["signal"] is not None:
         got = yield Get(signal_key(run.plan.workflow, run.run_id, wait["signal"]))
-        due = got is not None
+        due = got is not None and for_run(got[0], run.header.run_nonce)
     if not due:
         raise suspended(run, wait)
     # Every write from here on says "running" and carries no wait (the first one
@@ -154,14 +188,14 @@ def wake(run: RunState) -> Protocol[None]:
 
 
 def waits_for(wait: dict[str, Any]) -> str:
-    """``signal 'approval'``, ``until 14:05:00``, or both."""
+    """``for signal 'approval'``, ``until 2026-12-01 14:05:00``, or both."""
     parts = []
     if wait["signal"] is not None:
-        parts.append(f"signal {wait['signal']!r}")
+        parts.append(f"for signal {wait['signal']!r}")
     if wait["until"] is not None:
         when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(wait["until"]))
-        parts.append(f"{'a timeout at' if parts else 'until'} {when}")
-    return ", or ".join(parts)  # "signal 'approval', or a timeout at ..."
+        parts.append(f"{'or its timeout at' if parts else 'until'} {when}")
+    return " ".join(parts)  # "for signal 'approval' or its timeout at ..."
 
 
 def suspended(run: RunState, wait: dict[str, Any]) -> RunSuspended:
@@ -174,7 +208,7 @@ def suspended(run: RunState, wait: dict[str, Any]) -> RunSuspended:
             f"`durable-steps signal {run.name} {signal} --data JSON`, then run it again"
         )
     return RunSuspended(
-        f"run {run.name} is waiting at step {wait['step']!r} for {waits_for(wait)}. {how} "
+        f"run {run.name} is waiting at step {wait['step']!r} {waits_for(wait)}. {how} "
         "(or let `durable-steps worker` resume it, or pass wait=True to block until it "
         "can go on).",
         run=run.name,

@@ -215,7 +215,7 @@ def test_the_tool_agent_killed_after_a_refund_pays_each_refund_once(tmp_path: Pa
         check=False,
     )
     assert "in-doubt" in show.stdout
-    assert "2 calls recorded" in show.stdout
+    assert "2 results (replayed when the step runs again)" in show.stdout
     assert f"effect 'tool:call_2'  in doubt (it may have fired), idempotency key {keys[1]}" in (
         show.stdout
     )

@@ -52,7 +52,7 @@ from ._format import (
     status_label,
     table,
 )
-from ._runs import RunInfo, find_runs, locate, owner_text, peek_header, run_status
+from ._runs import RunInfo, find_runs, locate, open_effects, owner_text, peek_header, run_status
 
 __all__ = ["LEFTOVER_AGE", "register"]
 
@@ -98,11 +98,17 @@ def _cmd_rm(args: argparse.Namespace, store: Store, style: Style) -> int:
             "(or stop that process); pass --force to delete it anyway",
             EXIT_REFUSED,
         )
-    if not args.force and isinstance(intent, dict):
+    effects = open_effects(header.get("journal"))
+    if not args.force and (isinstance(intent, dict) or effects):
+        what = (
+            f"step {intent.get('step')!r} in doubt (key {intent.get('key')})"
+            if isinstance(intent, dict)
+            else f"effect {effects[0].get('name')!r} in doubt (key {effects[0].get('key')})"
+        )
         raise CommandError(
-            f"run {name} has step {intent.get('step')!r} in doubt (key {intent.get('key')}): "
-            "deleting the run forgets the key, so a new run would fire it again with a new "
-            f"one. Resolve it (`{PROG} resolve {name} --fired|--not-fired`) or pass --force",
+            f"run {name} has {what}: deleting the run forgets the key, so a new run would "
+            f"fire it again with a new one. Resolve it (`{PROG} resolve {name} "
+            "--fired|--not-fired`) or pass --force",
             EXIT_REFUSED,
         )
     store.delete(key, match=found[1])  # refused if the run changed since we looked
@@ -173,7 +179,7 @@ def _choose(
         age = now - float(h.get("updated_at", now))
         if age < args.older_than:
             continue
-        if h.get("intent"):  # deleting it would forget the idempotency key
+        if h.get("intent") or open_effects(h.get("journal")):  # it would forget the key
             kept += 1
         else:
             chosen.append((run, age))

@@ -245,7 +245,8 @@ def _code_text(header: ckpt.Checkpoint, current: dict[str, str] | None) -> str:
         return "no fingerprints recorded (written before durable_steps recorded them)"
     if current is None:
         return (
-            f"fingerprints of {len(header.code)} steps recorded at the last commit; "
+            f"fingerprints of {len(header.code)} step{'s' * (len(header.code) != 1)} recorded "
+            "at the last commit; "
             "`--app module:workflow` compares them with the current code"
         )
     changed = code_changes(header.code, current)
@@ -346,7 +347,7 @@ def _journal_lines(
 ) -> list[str]:
     """The ``journal`` section: the step in progress's recorded calls and open effects."""
     calls = journal["calls"]
-    recorded = f"{calls} call{'s' * (calls != 1)} recorded (replayed when the step runs again)"
+    recorded = f"{calls} result{'s' * (calls != 1)} (replayed when the step runs again)"
     if header.format == 1 and journal.get("inline"):
         recorded += ": " + ", ".join(repr(entry[0]) for entry in journal["inline"])
     pairs = [
