@@ -555,6 +555,13 @@ def record_resolved(
     """
     journal = header.journal
     opened = [e for e in (journal or {}).get("open", ()) if "resolution" not in e]
+    if not opened and header.intent is not None:
+        raise DefinitionError(
+            f"run {header.run}: a result is for an effect in doubt (ctx.effect), and this "
+            f"run has step {header.intent.get('step')!r} in doubt instead: resolve it "
+            "without a result (--fired or --not-fired).",
+            run=header.run,
+        )
     if journal is None or len(opened) != 1:
         names = ", ".join(repr(e["name"]) for e in opened) or "none"
         raise DefinitionError(

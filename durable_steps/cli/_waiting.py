@@ -174,6 +174,11 @@ def _cmd_signal(args: argparse.Namespace, store: Store, style: Style) -> int:
     wait = _wait(header.status, header.wait)
     if wait is not None and wait.get("signal") == args.name:
         then = f"run {header.run} waits for it at step {wait.get('step')!r}: {_RESUME}"
+    elif wait is not None and wait.get("signal"):
+        then = (
+            f"note: run {header.run} waits for signal {wait['signal']!r}, not "
+            f"{args.name!r} (a typo?); this one is kept until a step waits for it"
+        )
     else:
         then = (
             f"run {header.run} does not wait for it now; it is kept, and "
