@@ -206,9 +206,7 @@ class Journal:
         if fired is not None:  # it returned in this process; only its record failed
             key, result = fired
         else:
-            _takes_key(fn, args, kwargs, name)
-            self._warn_implicit_store()
-            key, change = self._intent(name)
+            key, change = self._before_firing(name, fn, args, kwargs)
             self._durable(change)
             self._renew_if_short()
             try:
@@ -246,9 +244,7 @@ class Journal:
         if fired is not None:  # it returned in this process; only its record failed
             key, result = fired
         else:
-            _takes_key(fn, args, kwargs, name)
-            self._warn_implicit_store()
-            key, change = self._intent(name)
+            key, change = self._before_firing(name, fn, args, kwargs)
             await asyncio.to_thread(self._durable, change)
             await asyncio.to_thread(self._renew_if_short)
             try:
@@ -263,6 +259,14 @@ class Journal:
             self.unrecorded[name] = (key, result)  # a retry records it without firing again
             raise
         return self._recorded(name, record)
+
+    def _before_firing(
+        self, name: str, fn: Callable[..., Any], args: Any, kwargs: Any
+    ) -> tuple[str, _Change]:
+        """Checks before an effect's intent is written; its key and that intent."""
+        _takes_key(fn, args, kwargs, name)
+        self._warn_implicit_store()
+        return self._intent(name)
 
     def _warn_implicit_store(self) -> None:
         """The default-store warning, for effects (the runner gives it for steps)."""
