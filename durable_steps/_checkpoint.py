@@ -128,16 +128,14 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
-import math
 import re
-import reprlib
 import secrets
 import time
 import zlib
-from collections.abc import Callable
 from dataclasses import dataclass, field, fields
-from typing import Any, Literal, Protocol, TypeGuard
+from typing import Any, Literal, Protocol
 
+from ._header_checks import field_problem, format_problem, is_int, parts_problem, show
 from .errors import CorruptCheckpoint, DefinitionError
 
 __all__ = [
@@ -157,7 +155,6 @@ FORMAT = 2
 """The format new runs are written in; a run keeps the format it was created in."""
 HISTORY_LIMIT = 10
 Status = Literal["running", "waiting", "failed", "in_doubt", "completed", "deleted"]
-_STATUSES = ("running", "waiting", "failed", "in_doubt", "completed", "deleted")
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._@=+:-]{0,199}")
 CHECKPOINT_OBJECT = "checkpoint"
 
@@ -418,9 +415,6 @@ _REQUIRED = (
 (a regenerated ``run_nonce`` would change every idempotency key)."""
 _REQUIRED_2 = (*_REQUIRED, "parts", "sha256")
 """What a format-2 head adds."""
-_PART_NAME = re.compile(r"[0-9]{1,20}-[0-9a-f]{16}")
-_HEX64 = re.compile(r"[0-9a-f]{64}")
-_HEX12 = re.compile(r"[0-9a-f]{12}")
 
 
 def decode(
@@ -444,13 +438,13 @@ def decode(
     record, payload = split
     record.pop("sig", None)  # checked above when a key is set; ignored otherwise
     version = record.pop("format")
-    if _is_int(version) and version > FORMAT:
+    if is_int(version) and version > FORMAT:
         raise CorruptCheckpoint(
             f"{where} has checkpoint format {version}, newer than this durable_steps "
             f"reads (format {FORMAT}). Upgrade durable_steps to resume it; it was left untouched.",
             run=run,
         )
-    problem = _format_problem(version) or _presence_problem(record, version)
+    problem = format_problem(version) or _presence_problem(record, version)
     if problem:
         raise CorruptCheckpoint(
             f"{where} has a malformed header: {problem}; left untouched.", run=run
@@ -458,10 +452,10 @@ def decode(
     for name, default in _OPTIONAL.items():
         record.setdefault(name, default)
     size, crc = record.pop("size"), record.pop("crc32")
-    if not (_is_int(size) and _is_int(crc)) or (size, crc) != (len(payload), zlib.crc32(payload)):
+    if not (is_int(size) and is_int(crc)) or (size, crc) != (len(payload), zlib.crc32(payload)):
         raise CorruptCheckpoint(
-            f"{where} is truncated or damaged: its header promises {_show(size)} bytes of "
-            f"state (crc32 {_show(crc)}), the object holds {len(payload)}. It was left "
+            f"{where} is truncated or damaged: its header promises {show(size)} bytes of "
+            f"state (crc32 {show(crc)}), the object holds {len(payload)}. It was left "
             "untouched; restore it from a backup or delete the run to start over.",
             run=run,
         )
@@ -478,28 +472,19 @@ def decode(
     elif not all(isinstance(entry, list) for entry in history):
         problem = "history must be a list of lists"
     else:
-        problem = _parts_problem(parts)
+        problem = parts_problem(parts)
     if not problem:
         header = Checkpoint(
             **{**record, "steps": tuple(steps), "history": tuple(map(tuple, history))},
             format=version,
             parts=tuple(parts),
         )
-        problem = _field_problem(header)
+        problem = field_problem(header)
     if problem:
         raise CorruptCheckpoint(
             f"{where} has a malformed header: {problem}; left untouched.", run=run
         )
     return header, payload
-
-
-def _format_problem(version: object) -> str | None:
-    """Why ``format`` is not a format this version reads (a newer one aside)."""
-    if not _is_int(version):
-        return f"format is {_show(version)}, not a format number"
-    if version < 1:
-        return f"format {version} is not a valid checkpoint format"
-    return None
 
 
 def _presence_problem(record: dict[str, Any], version: int) -> str | None:
@@ -510,228 +495,5 @@ def _presence_problem(record: dict[str, Any], version: int) -> str | None:
         return f"missing field {', '.join(missing)}"
     unknown = sorted(record.keys() - required - _OPTIONAL.keys())
     if unknown:
-        return f"unknown field {', '.join(_show(name) for name in unknown)}"
+        return f"unknown field {', '.join(show(name) for name in unknown)}"
     return None
-
-
-def _parts_problem(parts: object) -> str | None:
-    """Why a format-2 head's ``parts`` is not a list of at most 3 part records."""
-    if not isinstance(parts, list) or len(parts) > 3:
-        return "parts is not a list of at most 3 parts"
-    for i, part in enumerate(parts):
-        if not (
-            isinstance(part, dict)
-            and part.keys() == {"name", "kind", "size", "sha256"}
-            and isinstance(part["name"], str)
-            and _PART_NAME.fullmatch(part["name"])
-            and part["kind"] in (("base", "changes") if i == 0 else ("changes",))
-            and _is_count(part["size"])
-            and isinstance(part["sha256"], str)
-            and _HEX64.fullmatch(part["sha256"])
-        ):
-            return f"part {_show(part)} is not a part record"
-    return None
-
-
-def _field_problem(h: Checkpoint) -> str | None:  # noqa: PLR0911 - a return per check
-    """Why a decoded header cannot be trusted, or None.
-
-    The CRC covers the payload only, so every header field is checked here:
-    a hand-edited or damaged header must stop as CorruptCheckpoint, not as a
-    TypeError halfway through a run (possibly after a step fired).
-    """
-    for name in ("workflow", "run_id", "run_nonce", "serializer"):
-        if not isinstance(getattr(h, name), str):
-            return f"{name} is not a string"
-    if not isinstance(h.status, str) or h.status not in _STATUSES:
-        return f"unknown status {_show(h.status)}"
-    if not h.steps or not all(isinstance(s, str) for s in h.steps):
-        return "steps is not a list of names"
-    for name in ("iteration", "next_step", "committed"):
-        value = getattr(h, name)
-        if not _is_count(value):
-            return f"{name} is {_show(value)}, not a count"
-    if h.version is not None and not (isinstance(h.version, str) and len(h.version) <= 200):
-        return f"version is {_show(h.version)}, not a version string"
-    if h.code is not None and not (
-        isinstance(h.code, dict)
-        and all(isinstance(v, str) and _HEX12.fullmatch(v) for v in h.code.values())
-    ):
-        return "code is not a map of step fingerprints"
-    ended = h.status in ("completed", "deleted")
-    if h.next_step > len(h.steps) or (h.next_step == len(h.steps) and not ended):
-        return f"next_step {h.next_step} is past the {len(h.steps)} steps"
-    for name in ("created_at", "updated_at"):
-        value = getattr(h, name)
-        if not _is_time(value):
-            return f"{name} is {_show(value)}, not a time"
-    if h.status == "waiting" and h.wait is None:
-        return "status waiting without a wait"
-    return _record_problem(h) or _journal_problem(h.journal, h.format)
-
-
-def _journal_problem(journal: object, version: int) -> str | None:  # noqa: PLR0911 - per check
-    """Why a ``journal`` field is not a journal record (see the module docstring)."""
-    if journal is None:
-        return None
-    if not isinstance(journal, dict):
-        return "journal is not an object"
-    if not (isinstance(journal.get("step"), str) and _is_count(journal.get("iteration"))):
-        return "journal has no step and iteration"
-    if not _is_count(journal.get("calls")):
-        return f"journal.calls is {_show(journal.get('calls'))}"
-    opened = journal.get("open")
-    if not isinstance(opened, list):
-        return "journal.open is not a list"
-    for entry in opened:
-        if not (
-            isinstance(entry, dict)
-            and isinstance(entry.get("name"), str)
-            and _is_key(entry.get("key"))
-            and _is_time(entry.get("at"))
-            and entry.get("resolution") in (None, "fired", "not_fired")
-            and entry.get("policy") in (None, "refire", "raise", "reconcile")
-        ):
-            return f"journal.open entry {_show(entry)} is not an effect intent"
-    inline = journal.get("inline")
-    if version == 1 and not (
-        isinstance(inline, list)
-        and all(
-            isinstance(e, list)
-            and len(e) == 4
-            and isinstance(e[0], str)
-            and e[1] in ("call", "effect", "sleep", "signal", "timeout")
-            and (e[2] is None or _is_key(e[2]))
-            and isinstance(e[3], str)
-            for e in inline
-        )
-    ):
-        return "journal.inline is not a list of [name, kind, key, data]"
-    return None
-
-
-def _record_problem(h: Checkpoint) -> str | None:
-    """The nested fields' part of :func:`_field_problem`."""
-    for entry in h.history:
-        if len(entry) != 5 or not isinstance(entry[0], str) or not all(map(_is_int, entry[1:])):
-            return f"history entry {_show(list(entry))} is not [step, iteration, attempts, ms, at]"
-    for name, shape in _SHAPES.items():
-        value = getattr(h, name)
-        if value is None:
-            continue
-        if not isinstance(value, dict):
-            return f"{name} is not an object"
-        for key, (check, required) in shape.items():
-            if key not in value:
-                if required:
-                    return f"{name}.{key} is missing"
-            elif not check(value[key]):
-                return f"{name}.{key} is {_show(value[key])}"
-    return None
-
-
-_PID_MAX = 2**22
-"""Linux's ceiling for pid_max: a larger pid is no process (and overflows os.kill)."""
-
-
-def _is_int(value: object) -> TypeGuard[int]:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _is_count(value: object) -> bool:
-    return _is_int(value) and value >= 0
-
-
-def _is_number(value: object) -> TypeGuard[float]:
-    """A finite int or float (not bool): a huge int would overflow math."""
-    if isinstance(value, float):
-        return math.isfinite(value)
-    return _is_int(value) and abs(value) < 2**63
-
-
-def _is_time(value: object) -> bool:
-    """Seconds since the epoch (or since boot): not negative, before the year 10000
-    (what a date can show: a time beyond it broke every reader that prints it).
-    """
-    return _is_number(value) and 0 <= value < _YEAR_10000
-
-
-_YEAR_10000 = 253_402_300_800
-
-
-def _is_str(value: object) -> bool:
-    return isinstance(value, str)
-
-
-def _is_pid(value: object) -> bool:
-    return _is_int(value) and 0 < value < _PID_MAX
-
-
-def _is_key(value: object) -> bool:
-    """An idempotency key as handed to APIs: 1-64 printable ASCII characters."""
-    return (
-        isinstance(value, str) and 0 < len(value) <= 64 and value.isascii() and value.isprintable()
-    )
-
-
-def _is_lease(value: object) -> bool:
-    return _is_number(value) and value > 0
-
-
-def _one_of(*allowed: str) -> Callable[[object], bool]:
-    return lambda value: isinstance(value, str) and value in allowed
-
-
-def _or_null(check: Callable[[object], bool]) -> Callable[[object], bool]:
-    return lambda value: value is None or check(value)
-
-
-_REQUIRED_KEY, _OPTIONAL_KEY = True, False
-_SHAPES: dict[str, dict[str, tuple[Callable[[object], bool], bool]]] = {
-    "intent": {
-        "step": (_is_str, _REQUIRED_KEY),
-        "index": (_is_count, _REQUIRED_KEY),
-        "iteration": (_is_count, _REQUIRED_KEY),
-        "key": (_is_key, _REQUIRED_KEY),
-        "at": (_is_time, _REQUIRED_KEY),
-        "resolution": (_one_of("fired", "not_fired"), _OPTIONAL_KEY),
-        "policy": (_one_of("refire", "raise", "reconcile"), _OPTIONAL_KEY),
-    },
-    "wait": {
-        "step": (_is_str, _REQUIRED_KEY),
-        "iteration": (_is_count, _REQUIRED_KEY),
-        "until": (_or_null(_is_time), _REQUIRED_KEY),
-        "signal": (_or_null(_is_str), _REQUIRED_KEY),
-        "since": (_is_time, _REQUIRED_KEY),
-    },
-    "error": {
-        "step": (_is_str, _REQUIRED_KEY),
-        "iteration": (_is_count, _REQUIRED_KEY),
-        "type": (_is_str, _REQUIRED_KEY),
-        "message": (_is_str, _REQUIRED_KEY),
-        "attempts": (_is_count, _REQUIRED_KEY),
-        "at": (_is_time, _REQUIRED_KEY),
-    },
-    "owner": {
-        "host": (_is_str, _REQUIRED_KEY),
-        "pid": (_is_pid, _REQUIRED_KEY),
-        "started": (_or_null(_is_time), _OPTIONAL_KEY),  # None where /proc is not readable
-        "token": (_is_str, _REQUIRED_KEY),
-        "until": (_is_time, _REQUIRED_KEY),
-        "lease": (_is_lease, _OPTIONAL_KEY),
-        "skew": (_or_null(_is_number), _OPTIONAL_KEY),
-        "boot": (_is_str, _OPTIONAL_KEY),
-        "pidns": (_is_int, _OPTIONAL_KEY),
-    },
-}
-"""What ``intent``, ``error`` and ``owner`` hold when they are not null: per
-key, its check and whether the writer always writes it. Other keys are kept
-unchecked (a newer writer's optional extras)."""
-
-_REPR = reprlib.Repr()
-_REPR.maxstring = _REPR.maxother = 60
-
-
-def _show(value: object) -> str:
-    """A repr short enough for a message, whatever a damaged header holds."""
-    return _REPR.repr(value)

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import base64
 from typing import TYPE_CHECKING, Any
 
 from . import _checkpoint as ckpt
-from ._journal import record_resolved
+from . import _format2 as f2
 from ._lease import describe, is_live
 from ._run import store_skew
 from .errors import CheckpointConflict, DefinitionError, DurableStepsError, RunLocked
+from .serializers import plain_json
 
 if TYPE_CHECKING:
     from .serializers import Serializer
@@ -103,3 +105,44 @@ def resolve(
             run=name,
             step=step,
         ) from exc
+
+
+def record_resolved(
+    header: ckpt.Checkpoint, payload: bytes, serializer: Any, value: Any
+) -> tuple[ckpt.Checkpoint, bytes]:
+    """``header`` and ``payload`` with the run's one effect in doubt recorded as
+    having returned ``value`` (``resolve(fired=True, result=...)``): the re-run
+    step gets ``value`` from its ``ctx.effect``, as if the effect had returned it.
+    """
+    journal = header.journal
+    opened = [e for e in (journal or {}).get("open", ()) if "resolution" not in e]
+    if not opened and header.intent is not None:
+        raise DefinitionError(
+            f"run {header.run}: a result is for an effect in doubt (ctx.effect), and this "
+            f"run has step {header.intent.get('step')!r} in doubt instead: resolve it "
+            "without a result (--fired or --not-fired).",
+            run=header.run,
+        )
+    if journal is None or len(opened) != 1:
+        names = ", ".join(repr(e["name"]) for e in opened) or "none"
+        raise DefinitionError(
+            f"run {header.run}: a result can be recorded for exactly one effect in doubt; "
+            f"this run has {len(opened)} ({names}). Resolve without a result, or one at a time.",
+            run=header.run,
+        )
+    effect = opened[0]
+    name, key = effect["name"], effect["key"]
+    path = f"the result given for effect {name!r}"
+    rest = [e for e in journal["open"] if e is not effect]
+    field = {**journal, "open": rest, "calls": journal["calls"] + 1}
+    if header.format == 1:
+        if serializer.name.startswith("json"):
+            value = plain_json(value, path)
+        blob = base64.b64encode(serializer.dumps(value)).decode()
+        field["inline"] = [*journal["inline"], [name, "effect", key, blob]]
+    else:
+        finder = f2.Parts(serializer, header.workflow, header.run_id, None).finder
+        meta = [journal["step"], journal["iteration"], name, "effect", key]
+        record = finder.journal_record(meta, value, path)
+        payload = b"".join((payload, *f2.frame(record)))
+    return header.replace(journal=field), payload

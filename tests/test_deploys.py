@@ -446,7 +446,7 @@ def test_a_failed_migration_leaves_the_run_byte_identical(deploy: Deploy) -> Non
     assert proc.returncode == EXIT_ERROR
     assert "run deploy/r1: migrate(state, '1') to version '2' raised KeyError" in proc.stderr
     assert "Nothing was written" in proc.stderr
-    assert "resume the run with the code of version '1'" in proc.stderr
+    assert "resume the run with the code it was made by (version '1')" in proc.stderr
     assert deploy.snapshot() == before
     assert deploy.execs() == ["plan:0", "draft:0"]
 
