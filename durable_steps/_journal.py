@@ -484,13 +484,17 @@ class Journal:
                 tail = b"".join((tail, *(b for r in records for b in f2.frame(r))))
                 for record in records:
                     run.parts.note(record)
-            header = run.header.evolve(status="running", journal=field)
-            try:
-                drive_sync(run.rewrite(header, tail, self.step), run.plan.store)
-            except CheckpointConflict:
-                self.lost = True
-                raise
+            self._rewrite(run.header.evolve(status="running", journal=field), tail)
         self.open, self.results = opened, results
+
+    def _rewrite(self, header: ckpt.Checkpoint, tail: bytes) -> None:
+        """Write the head (``run.lock`` held); a refusal means the run is lost."""
+        run = self.run
+        try:
+            drive_sync(run.rewrite(header, tail, self.step), run.plan.store)
+        except CheckpointConflict:
+            self.lost = True
+            raise
 
     def _renew_if_short(self) -> None:
         """Renew the lease before an effect fires if the intent write left little
@@ -500,12 +504,7 @@ class Journal:
         if self.closed or run.owner.remaining() >= run.plan.lease / 3:
             return  # (closed: the effect's result will be refused, see _write)
         with run.lock:
-            header = run.header.evolve(status="running")
-            try:
-                drive_sync(run.rewrite(header, run.payload, self.step), run.plan.store)
-            except CheckpointConflict:
-                self.lost = True
-                raise
+            self._rewrite(run.header.evolve(status="running"), run.payload)
 
     def close(self) -> None:
         """The step returned: refuse further calls, wait for a write in flight."""
