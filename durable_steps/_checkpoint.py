@@ -358,8 +358,11 @@ def _unseal(data: bytes, signer: Signer | None, where: str, run: str | None) -> 
 
 
 # One encoder for every header: json.dumps() with options builds a new
-# encoder per call, which costs more than encoding the header itself.
-_HEADER_JSON = json.JSONEncoder(separators=(",", ":"), ensure_ascii=True)
+# encoder per call, which costs more than encoding the header itself. No
+# cycle check (a third of the time): the header holds our own records, and
+# the values users give it (call results, resolutions) were checked as JSON,
+# which refuses cycles.
+_HEADER_JSON = json.JSONEncoder(separators=(",", ":"), ensure_ascii=True, check_circular=False)
 
 
 def split_header(data: bytes) -> tuple[dict[str, Any], bytes] | None:

@@ -154,36 +154,68 @@ class RunState:
         if self.parts is None:
             self.parts = f2.Parts(self.plan.serializer, self.plan.workflow, self.run_id, None)
         parts = self.parts
-        dropped: list[dict[str, Any]] = []
         try:
-            ops = parts.finder.changes(self.state)
-            # The journal of the step just run ends here: its records go.
-            tail = self.payload if self.mark is None else self.payload[: self.mark]
-            base = None
-            # A save while a step's journal is pending (a migration before the
-            # step resumes) must keep its records: no base, which holds state only.
-            pending = header.journal is not None
-            if not pending and len(ops) == 1 and ops[0][:2] == ["set", []]:  # a new root
-                # The change is the whole state: a big one goes straight into a
-                # base (one encoded copy in memory), a small one into the tail.
-                base = parts.base(header, self.state)
-                if len(tail) + len(base) < parts.threshold():
-                    base = None
-            if ops and base is None:  # one copy of the record, then it is let go
-                record = parts.finder.encode(ops, self.state)
-                parts.note(record)
-                tail = b"".join((tail, *f2.frame(record)))
-                del record
-            if base is not None or len(tail) >= parts.threshold():
-                header, tail, dropped = yield from self._flush(
-                    header, tail, step, rebase=not pending, base=base
-                )
+            header, tail, whole, ops, dropped = yield from self._changes(header, step)
         except SerializationError as exc:
             raise self.unsaveable(exc, step) from exc
         yield from self.write(header, step, release=release, payload=tail)
         self.payload, self.mark = tail, None
-        parts.finder.commit(ops)
+        if whole is not None:
+            parts.finder.set_whole(whole, self.state, track=not parts.small())
+        else:
+            parts.finder.commit(ops)
         yield from self._collect(dropped)
+
+    def _changes(
+        self, header: ckpt.Checkpoint, step: str | None
+    ) -> Protocol[
+        tuple[ckpt.Checkpoint, bytes, bytes | None, list[list[Any]], list[dict[str, Any]]]
+    ]:
+        """A format-2 commit's writes before the head: ``(header, tail, the
+        record of the whole state or None, the ops, the parts it drops)``.
+
+        A small state, a new root or a collapse is one record of the whole
+        state, replacing the tail and every part; anything else is its change
+        appended to the tail, flushed into a part once the tail is long (see
+        ``_format2``).
+        """
+        parts = self.parts
+        assert parts is not None
+        # The journal of the step just run ends here: its records go.
+        tail = self.payload if self.mark is None else self.payload[: self.mark]
+        # A save while a step's journal is pending (a migration before the
+        # step resumes) must keep its records: the tail is only appended to.
+        pending = header.journal is not None
+        whole, base, ops = None, None, []
+        if parts.small() and not pending:
+            whole = parts.finder.whole_record(self.state)
+        else:
+            ops = parts.finder.changes(self.state)
+            if not pending and len(ops) == 1 and ops[0][:2] == ["set", []]:  # a new root
+                # The change is the whole state: a big one goes straight into a
+                # base (one encoded copy in memory), a small one is its record.
+                base = parts.base(header, self.state)
+                if len(base) < parts.threshold():
+                    base, whole = None, parts.finder.whole_record(self.state)
+            elif ops:  # one copy of the record, then it is let go
+                record = parts.finder.encode(ops, self.state)
+                parts.note(record)
+                tail = b"".join((tail, *f2.frame(record)))
+                del record
+                if not pending:
+                    whole = parts.collapse(tail, self.state)
+        dropped: list[dict[str, Any]] = []
+        if whole is not None:  # the tail and every part, replaced by the state
+            parts.whole(len(whole))  # not a change to count in the mean record
+            tail, dropped = b"".join(f2.frame(whole)), list(header.parts)
+            header = header.replace(parts=())
+        if base is not None or len(tail) >= parts.threshold():
+            # A whole record this long becomes a changes part as it is: no re-encode.
+            header, tail, merged = yield from self._flush(
+                header, tail, step, rebase=not pending and whole is None, base=base
+            )
+            dropped += merged
+        return header, tail, whole, ops, dropped
 
     def _flush(
         self,

@@ -184,11 +184,14 @@ class KillingStore:
 
 
 def flush_every_commit() -> None:
-    """Make every format-2 commit flush (tests only: the threshold is private)."""
+    """Make every format-2 commit flush its change into a part, as for a big
+    state (tests only: the threshold is private; no state is written whole).
+    """
     from durable_steps import _format2
 
     _format2._MIN_FLUSH = 1
     _format2._FLUSH_RECORDS = 0
+    _format2.WHOLE_UP_TO = -1
 
 
 def parse_crash(spec: str | None) -> tuple[str, str, int] | None:

@@ -122,7 +122,8 @@ def test_intent_writes_and_failures_do_not_re_encode_the_state(
 
     class Writes(Wrapped):
         def put(self, key: str, data: bytes, *, match: str | None = None) -> str:
-            writes.append(data)
+            if key.endswith("/checkpoint"):  # the head: not grow's 100 KB flushed into a part
+                writes.append(data)
             return super().put(key, data, match=match)
 
     wf = ds.Workflow("spy", store=Writes(ds.MemoryStore()))  # type: ignore[arg-type]
@@ -166,6 +167,104 @@ def test_heartbeat_flushes_a_big_tail_once_then_renews_with_the_header_only() ->
 
 
 # --- what a resume rebuilds --------------------------------------------------------
+
+
+class _NamedJSON(ds.JSONSerializer):
+    """Plain JSON under another name: a run written in format 1, for comparison."""
+
+    name = "json-format-1"
+
+
+def _counter_run(store: ds.Store, steps: int, **options: Any) -> ds.Workflow:
+    """A 2 KB state whose steps change a counter and a note in place."""
+    wf = ds.Workflow("small", store=store, until=lambda s: s["i"] >= steps, **options)
+
+    @wf.step()
+    def turn(state: dict[str, Any]) -> None:
+        state["i"] += 1
+        state["note"] = f"pass {state['i']}"
+
+    return wf
+
+
+def test_a_small_state_is_written_whole_at_every_commit(store: ds.Store) -> None:
+    """A 2 KB state changed in place: each head carries one record of the whole state
+    (no part is written) and is within 128 bytes of a format-1 checkpoint's size (the
+    tail's SHA-256, an empty part list, the record's framing).
+    """
+    heads: list[bytes] = []
+
+    class Heads(Wrapped):
+        def put(self, key: str, data: bytes, *, match: str | None = None) -> str:
+            assert "/parts/" not in key, "a small state wrote a part"
+            heads.append(data)
+            return super().put(key, data, match=match)
+
+    state = {"i": 0, "note": "", "text": "t" * 2000}
+    final = _counter_run(Heads(store), 60).run("r1", dict(state))  # type: ignore[arg-type]
+    assert final["i"] == 60
+    for data in heads:
+        header, tail = ckpt.decode(data, where="test")
+        assert header.format == 2
+        assert len(f2.records(tail)) == 1
+    one = _counter_run(store, 60, serializer=_NamedJSON()).run("f1", dict(state))
+    assert one == final
+    found = store.get(ckpt.checkpoint_key("small", "f1"))
+    assert found is not None
+    assert ckpt.decode(found[0], where="test")[0].format == 1
+    assert len(heads[-1]) <= len(found[0]) + 128
+    assert committed(store, ckpt.checkpoint_key("small", "r1"))[1] == final
+
+
+@pytest.mark.parametrize("serializer", ["json", "pickle"])
+def test_a_retry_of_a_small_state_restarts_from_its_whole_record(
+    store: ds.Store, serializer: str
+) -> None:
+    """A small state keeps no shadow, only its last record: a retry starts from that."""
+    seen: list[list[str]] = []
+    wf = ds.Workflow("retry-small", store=store, serializer=serializer)
+    wf.step(name="grow")(lambda s: s["messages"].append("first"))
+
+    @wf.step(retry=ds.Retry(attempts=2, wait=0, on=RuntimeError))
+    def flaky(state: dict[str, Any]) -> None:
+        seen.append(list(state["messages"]))
+        state["messages"].append("half-done")
+        if len(seen) == 1:
+            raise RuntimeError("first attempt fails")
+
+    with ds.testing.no_wait():
+        final = wf.run("r1", {"messages": []})
+    assert seen == [["first"], ["first"]]
+    assert final["messages"] == ["first", "half-done"]
+
+
+def test_a_mid_size_state_changed_in_place_is_collapsed_not_accumulated(
+    store: ds.Store,
+) -> None:
+    """A 12 KB state (too big to write whole each time) whose steps replace a 500-byte
+    value: the head's tail stays within the state plus its slack, no part is written,
+    and a resume rebuilds the state exactly.
+    """
+    sizes: list[int] = []
+
+    class Sizes(Wrapped):
+        def put(self, key: str, data: bytes, *, match: str | None = None) -> str:
+            assert "/parts/" not in key, "the tail was flushed instead of collapsed"
+            sizes.append(len(data.partition(b"\n")[2]))
+            return super().put(key, data, match=match)
+
+    wf = ds.Workflow("mid", store=Sizes(store), until=lambda s: s["i"] >= 200)  # type: ignore[arg-type]
+
+    @wf.step()
+    def turn(state: dict[str, Any]) -> None:
+        state["i"] += 1
+        state["reply"] = f"{state['i']:04d}" + "r" * 496
+
+    final = wf.run("r1", {"i": 0, "reply": "", "doc": "d" * 12_000})
+    whole = len(json.dumps(final, separators=(",", ":")))
+    assert whole > f2.WHOLE_UP_TO
+    assert max(sizes) <= whole * (1 + f2._SLACK) + 1_200  # the slack, one more record, framing
+    assert committed(store, ckpt.checkpoint_key("mid", "r1"))[1] == final
 
 
 def test_edits_truncations_and_replacements_are_saved_exactly(store: ds.Store) -> None:
@@ -467,17 +566,20 @@ def agent_step(state: dict[str, Any], plan: list[tuple[str, int]]) -> None:
     plans=st.lists(edits, min_size=1, max_size=25),
     crashes=st.lists(st.integers(1, 40), max_size=3),
     serializer=st.sampled_from(["json", "pickle"]),
-    small=st.booleans(),
+    mode=st.sampled_from(["as-is", "changes", "flush"]),
 )
 def test_random_edits_with_random_crashes_resume_to_the_uncrashed_state(
-    plans: list[list[tuple[str, int]]], crashes: list[int], serializer: str, small: bool
+    plans: list[list[tuple[str, int]]], crashes: list[int], serializer: str, mode: str
 ) -> None:
     """Random appends, in-place edits, truncations and replacements, with crashes at
     random writes: the resumed run's final state encodes byte for byte like an
-    uncrashed run's.
+    uncrashed run's — with these small states written whole (as-is), as changes
+    (and collapsed), or flushed into parts at (almost) every commit.
     """
-    old = f2._MIN_FLUSH, f2._FLUSH_RECORDS
-    if small:  # flush on (almost) every commit: every kind of compaction is reached
+    old = f2._MIN_FLUSH, f2._FLUSH_RECORDS, f2.WHOLE_UP_TO
+    if mode != "as-is":  # the states here are small: make them be written as changes
+        f2.WHOLE_UP_TO = -1
+    if mode == "flush":  # every kind of compaction is reached
         f2._MIN_FLUSH, f2._FLUSH_RECORDS = 1, 0
     try:
 
@@ -505,7 +607,7 @@ def test_random_edits_with_random_crashes_resume_to_the_uncrashed_state(
         encode = ds.JSONSerializer().dumps if serializer == "json" else repr
         assert encode(final) == encode(reference) == encode(stored)  # type: ignore[operator]
     finally:
-        f2._MIN_FLUSH, f2._FLUSH_RECORDS = old
+        f2._MIN_FLUSH, f2._FLUSH_RECORDS, f2.WHOLE_UP_TO = old
 
 
 def test_no_part_is_left_unlisted_by_racing_writers(tmp_path: Path) -> None:

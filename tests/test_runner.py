@@ -714,7 +714,7 @@ def test_unserializable_initial_state(store: ds.Store) -> None:
     [
         (lambda b: b"not a checkpoint at all", "not a durable_steps checkpoint"),
         (lambda b: b[: len(b) - 7], "truncated or damaged"),
-        (lambda b: b.replace(b'["n"],1', b'["n"],7'), "truncated or damaged"),
+        (lambda b: b.replace(b'{"n":1}', b'{"n":7}'), "truncated or damaged"),
         (lambda b: b.replace(b'{"format":2', b'{"format":3', 1), "newer"),
         (lambda b: b"", "not a durable_steps checkpoint"),
     ],
