@@ -309,8 +309,11 @@ class LocalStore:
 
 def _write_new(dir_fd: int, name: str, data: bytes) -> str:
     """Write ``data`` to a new file in ``dir_fd``, point ``name`` at it; return the version."""
-    link = f"{_DATA_PREFIX}{name}-{secrets.token_hex(_TOKEN_HEX // 2)}"
-    temp = f"{_TEMP_PREFIX}{name}-{secrets.token_hex(_TEMP_HEX // 2)}"
+    # One draw for both names (a system call each otherwise): the temporary
+    # link's name is random to never meet a killed writer's, not secret.
+    random = secrets.token_hex((_TOKEN_HEX + _TEMP_HEX) // 2)
+    link = f"{_DATA_PREFIX}{name}-{random[:_TOKEN_HEX]}"
+    temp = f"{_TEMP_PREFIX}{name}-{random[_TOKEN_HEX:]}"
     fd = os.open(link, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644, dir_fd=dir_fd)
     try:
         written = os.write(fd, data)
