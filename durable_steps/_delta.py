@@ -51,12 +51,41 @@ _LEAVES = (str, int, float, bool, type(None))
 
 def snapshot(value: Any) -> Any:
     """A structural copy of ``value``: containers copied, leaves shared."""
+    try:
+        return _snapshot(value)
+    except RecursionError:  # a state nested a few hundred deep (JSON allows 500)
+        return _snapshot_deep(value)
+
+
+def _snapshot(value: Any) -> Any:
     kind = type(value)
     if kind is dict:
-        return {k: snapshot(v) for k, v in value.items()}
+        return {k: _snapshot(v) for k, v in value.items()}
     if kind is list:
-        return [snapshot(v) for v in value]
+        return [_snapshot(v) for v in value]
     return value
+
+
+def _snapshot_deep(value: Any) -> Any:
+    """:func:`snapshot` with an explicit stack: any depth, a little slower."""
+    if type(value) is not dict and type(value) is not list:
+        return value
+    root: Any = {} if type(value) is dict else []
+    stack = [(value, root)]
+    while stack:
+        source, copy = stack.pop()
+        pairs = source.items() if type(source) is dict else enumerate(source)
+        for key, item in pairs:
+            kind = type(item)
+            kept: Any = item
+            if kind is dict or kind is list:
+                kept = {} if kind is dict else []
+                stack.append((item, kept))
+            if type(copy) is dict:
+                copy[key] = kept  # in the source's order: keys keep their order
+            else:
+                copy.append(kept)
+    return root
 
 
 def _alike(olds: list[Any], news: list[Any]) -> bool:

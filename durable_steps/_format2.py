@@ -89,7 +89,7 @@ import json
 import pickle
 import secrets
 import struct
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from . import _checkpoint as ckpt
@@ -177,6 +177,10 @@ class _Finder:
     """
 
     _record: bytes | None = None
+    removed = 0
+    """About how many encoded bytes the last :meth:`changes` took out of the
+    state (values replaced or deleted, lists cut): how a state that shrank
+    (a transcript compacted) is noticed without encoding it."""
 
     def ops(self, record: bytes) -> list[list[Any]]:
         raise NotImplementedError
@@ -199,6 +203,26 @@ class _Finder:
         raise NotImplementedError
 
 
+def _taken(shadow: Any, ops: list[list[Any]]) -> Iterator[Any]:
+    """The committed values ``ops`` replace, delete or cut off (for ``removed``)."""
+    for op in ops:
+        kind, path = op[0], op[1]
+        if kind == "ext" or not path:
+            continue
+        parent = shadow
+        for step in path[:-1]:
+            parent = parent[step]
+        last = path[-1]
+        if kind == "cut":
+            yield parent[last][op[2] :]
+        elif type(parent) is list or last in parent:  # not a new key
+            yield parent[last]
+
+
+def _encoded_size(value: Any) -> int:
+    return len(_COMPACT_JSON.encode(value))
+
+
 class _JSONFinder(_Finder):
     """JSON states: the :class:`Tracker`'s ops, each changed value checked
     (guarantee 9) where it sits, so an unchanged state costs no encode at all.
@@ -214,7 +238,9 @@ class _JSONFinder(_Finder):
         return self._tracker
 
     def changes(self, state: Any) -> list[list[Any]]:
-        ops = self._tracked().changes(state)
+        tracker = self._tracked()
+        ops = tracker.changes(state)
+        self.removed = sum(map(_encoded_size, _taken(tracker._shadow, ops)))
         for op in ops:
             if op[0] == "set":
                 value, kind = op[2], type(op[2])
@@ -230,10 +256,11 @@ class _JSONFinder(_Finder):
         return ops
 
     def encode(self, ops: list[list[Any]], state: Any) -> bytes:
-        """A record of ``ops``, whose values :meth:`changes` has checked."""
-        if type(self.serializer) is not JSONSerializer:  # signed: its own bytes
-            return self._named(self.serializer.dumps, ops, state)
-        return self._named(lambda ops: _COMPACT_JSON.encode(ops).encode(), ops, state)
+        """A record of ``ops``. The serializer checks them whole again: what a
+        value's own check cannot see is there (a tuple or int key in a path,
+        one dict put under two keys).
+        """
+        return self._named(self.serializer.dumps, ops, state)
 
     def _named(self, dumps: Callable[[Any], bytes], value: Any, state: Any) -> bytes:
         try:
@@ -244,7 +271,15 @@ class _JSONFinder(_Finder):
             raise
 
     def whole_record(self, state: Any) -> bytes:
-        return self._named(self.serializer.dumps, [["set", [], state]], state)
+        if type(self.serializer) is not JSONSerializer:  # signed: its own bytes
+            return self._named(self.serializer.dumps, [["set", [], state]], state)
+        # The state is checked, not the op around it: a state nested as deep
+        # as format 1 takes is taken (the op adds two levels), and an error
+        # names the state's own path.
+        check_json(state)
+        return self._named(
+            lambda ops: _COMPACT_JSON.encode(ops).encode(), [["set", [], state]], state
+        )
 
     def set_whole(self, record: bytes, state: Any, *, track: bool) -> None:
         if track:
@@ -356,21 +391,25 @@ class _PickleFinder(_Finder):
         if list(state)[: len(kept)] != kept:  # reordered: only the whole keeps the order
             return [["set", [], _pickled(state)]]
         ops: list[list[Any]] = [["del", [k]] for k in cache if k not in state]
+        removed = sum(_pickled_size(cache[k]) for k in cache if k not in state)
         for key, value in state.items():
             old = cache.get(key)
             if type(value) is list and isinstance(old, list):
                 items = [_pickled(x) for x in value]
                 if len(items) < len(old):
                     ops.append(["cut", [key], len(items)])
-                ops += [
-                    ["set", [key, i], b] for i, b in enumerate(items[: len(old)]) if b != old[i]
-                ]
+                    removed += sum(map(len, old[len(items) :]))
+                edits = [i for i, b in enumerate(items[: len(old)]) if b != old[i]]
+                ops += [["set", [key, i], items[i]] for i in edits]
+                removed += sum(len(old[i]) for i in edits)
                 if len(items) > len(old):
                     ops.append(["ext", [key], items[len(old) :]])
             else:
                 blob = [_pickled(x) for x in value] if type(value) is list else _pickled(value)
                 if blob != old:
                     ops.append(["set", [key], blob])
+                    removed += 0 if old is None else _pickled_size(old)
+        self.removed = removed
         return ops
 
     def commit(self, ops: list[list[Any]]) -> None:
@@ -405,6 +444,10 @@ class _PickleFinder(_Finder):
             PickleSerializer().dumps(value)
             raise
         return self.serializer.dumps([[JOURNAL, meta, blob]])
+
+
+def _pickled_size(blob: bytes | list[bytes]) -> int:
+    return len(blob) if isinstance(blob, bytes) else sum(map(len, blob))
 
 
 def _copy_ops(ops: list[list[Any]]) -> list[list[Any]]:
@@ -444,6 +487,8 @@ class Parts:
         """The tail length at which :meth:`collapse` encodes the state whole again."""
         self._whole = WHOLE_UP_TO + 1
         """The size of the state's last whole encoding (or a bound on it); unknown: big."""
+        self._grown = self._shrunk = 0
+        """Bytes of the records since then, and of what they took out (``removed``)."""
 
     def key(self, name: str) -> str:
         """The store key of part ``name``."""
@@ -458,8 +503,13 @@ class Parts:
         record): :meth:`collapse` looks again once the tail has grown past it
         by the slack, so its encodes cost, per step, a fixed multiple of the change.
         """
-        self._whole = size
+        self._whole, self._grown, self._shrunk = size, 0, 0
         self._recheck = size + max(int(size * _SLACK), _MIN_SLACK)
+
+    def changed(self, record: bytes) -> None:
+        """A commit's record of changes (its ``removed`` is the finder's)."""
+        self._grown += len(record)
+        self._shrunk += self.finder.removed
 
     def small(self) -> bool:
         """Whether the next commit writes the state whole (see the module docstring)."""
@@ -476,10 +526,16 @@ class Parts:
         the head stays within the state plus the slack, as in format 1, while
         most commits still encode only their change.
         """
-        if len(tail) < self._recheck or self._recheck >= self.threshold():
+        due = self._recheck <= len(tail) and self._recheck < self.threshold()
+        # A state that shrank to a small one (a transcript compacted), by the
+        # sizes of its records and of what they took out: no encode to tell.
+        shrank = self._shrunk and self._whole + self._grown - self._shrunk <= WHOLE_UP_TO
+        if not (due or shrank):
             return None
         record = self.finder.whole_record(state)
         self.whole(len(record))
+        if len(record) <= WHOLE_UP_TO:
+            return record  # small: written whole from now on
         if len(record) + 8 > (1 - _SLACK / 2) * min(len(tail), self.threshold()):
             return None  # the changes mostly added to the state: keep them
         return record

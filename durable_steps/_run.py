@@ -200,6 +200,7 @@ class RunState:
             elif ops:  # one copy of the record, then it is let go
                 record = parts.finder.encode(ops, self.state)
                 parts.note(record)
+                parts.changed(record)
                 tail = b"".join((tail, *f2.frame(record)))
                 del record
                 if not pending:

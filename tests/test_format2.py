@@ -108,24 +108,30 @@ def test_intent_writes_and_failures_do_not_re_encode_the_state(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """The intent write of a non-idempotent step and the failure record carry the
-    committed tail unchanged: the serializer is not called for them.
+    committed tail unchanged: nothing encodes the state after the last commit.
     """
-    calls: list[int] = []
-    dumps = ds.JSONSerializer.dumps
+    log: list[str] = []
 
-    def counted(self: ds.JSONSerializer, state: Any) -> bytes:
-        calls.append(1)
-        return dumps(self, state)
+    def spied(name: str) -> None:
+        original = getattr(f2._JSONFinder, name)
 
-    monkeypatch.setattr(ds.JSONSerializer, "dumps", counted)
-    writes: list[bytes] = []
+        def spy(*args: Any, **kwargs: Any) -> Any:
+            log.append("encode")
+            return original(*args, **kwargs)
+
+        monkeypatch.setattr(f2._JSONFinder, name, spy)
+
+    for name in ("encode", "whole_record"):  # every way a commit encodes a JSON state
+        spied(name)
 
     class Writes(Wrapped):
         def put(self, key: str, data: bytes, *, match: str | None = None) -> str:
             if key.endswith("/checkpoint"):  # the head: not grow's 100 KB flushed into a part
+                log.append("head")
                 writes.append(data)
             return super().put(key, data, match=match)
 
+    writes: list[bytes] = []
     wf = ds.Workflow("spy", store=Writes(ds.MemoryStore()))  # type: ignore[arg-type]
     wf.step(name="grow")(lambda s: s.update(big="x" * 100_000))
 
@@ -136,7 +142,8 @@ def test_intent_writes_and_failures_do_not_re_encode_the_state(
     with pytest.raises(ds.StepFailed):
         wf.run("r1", {})
     assert len(writes) == 4  # create, commit of grow, intent of pay, its failure
-    assert len(calls) == 2  # the create's and the commit's records only
+    # An encode before each of the first two heads, none before the last two.
+    assert log == ["encode", "head", "encode", "head", "head", "head"]
     tails = [w.partition(b"\n")[2] for w in writes[1:]]
     assert tails[0] == tails[1] == tails[2]
 
@@ -167,104 +174,6 @@ def test_heartbeat_flushes_a_big_tail_once_then_renews_with_the_header_only() ->
 
 
 # --- what a resume rebuilds --------------------------------------------------------
-
-
-class _NamedJSON(ds.JSONSerializer):
-    """Plain JSON under another name: a run written in format 1, for comparison."""
-
-    name = "json-format-1"
-
-
-def _counter_run(store: ds.Store, steps: int, **options: Any) -> ds.Workflow:
-    """A 2 KB state whose steps change a counter and a note in place."""
-    wf = ds.Workflow("small", store=store, until=lambda s: s["i"] >= steps, **options)
-
-    @wf.step()
-    def turn(state: dict[str, Any]) -> None:
-        state["i"] += 1
-        state["note"] = f"pass {state['i']}"
-
-    return wf
-
-
-def test_a_small_state_is_written_whole_at_every_commit(store: ds.Store) -> None:
-    """A 2 KB state changed in place: each head carries one record of the whole state
-    (no part is written) and is within 128 bytes of a format-1 checkpoint's size (the
-    tail's SHA-256, an empty part list, the record's framing).
-    """
-    heads: list[bytes] = []
-
-    class Heads(Wrapped):
-        def put(self, key: str, data: bytes, *, match: str | None = None) -> str:
-            assert "/parts/" not in key, "a small state wrote a part"
-            heads.append(data)
-            return super().put(key, data, match=match)
-
-    state = {"i": 0, "note": "", "text": "t" * 2000}
-    final = _counter_run(Heads(store), 60).run("r1", dict(state))  # type: ignore[arg-type]
-    assert final["i"] == 60
-    for data in heads:
-        header, tail = ckpt.decode(data, where="test")
-        assert header.format == 2
-        assert len(f2.records(tail)) == 1
-    one = _counter_run(store, 60, serializer=_NamedJSON()).run("f1", dict(state))
-    assert one == final
-    found = store.get(ckpt.checkpoint_key("small", "f1"))
-    assert found is not None
-    assert ckpt.decode(found[0], where="test")[0].format == 1
-    assert len(heads[-1]) <= len(found[0]) + 128
-    assert committed(store, ckpt.checkpoint_key("small", "r1"))[1] == final
-
-
-@pytest.mark.parametrize("serializer", ["json", "pickle"])
-def test_a_retry_of_a_small_state_restarts_from_its_whole_record(
-    store: ds.Store, serializer: str
-) -> None:
-    """A small state keeps no shadow, only its last record: a retry starts from that."""
-    seen: list[list[str]] = []
-    wf = ds.Workflow("retry-small", store=store, serializer=serializer)
-    wf.step(name="grow")(lambda s: s["messages"].append("first"))
-
-    @wf.step(retry=ds.Retry(attempts=2, wait=0, on=RuntimeError))
-    def flaky(state: dict[str, Any]) -> None:
-        seen.append(list(state["messages"]))
-        state["messages"].append("half-done")
-        if len(seen) == 1:
-            raise RuntimeError("first attempt fails")
-
-    with ds.testing.no_wait():
-        final = wf.run("r1", {"messages": []})
-    assert seen == [["first"], ["first"]]
-    assert final["messages"] == ["first", "half-done"]
-
-
-def test_a_mid_size_state_changed_in_place_is_collapsed_not_accumulated(
-    store: ds.Store,
-) -> None:
-    """A 12 KB state (too big to write whole each time) whose steps replace a 500-byte
-    value: the head's tail stays within the state plus its slack, no part is written,
-    and a resume rebuilds the state exactly.
-    """
-    sizes: list[int] = []
-
-    class Sizes(Wrapped):
-        def put(self, key: str, data: bytes, *, match: str | None = None) -> str:
-            assert "/parts/" not in key, "the tail was flushed instead of collapsed"
-            sizes.append(len(data.partition(b"\n")[2]))
-            return super().put(key, data, match=match)
-
-    wf = ds.Workflow("mid", store=Sizes(store), until=lambda s: s["i"] >= 200)  # type: ignore[arg-type]
-
-    @wf.step()
-    def turn(state: dict[str, Any]) -> None:
-        state["i"] += 1
-        state["reply"] = f"{state['i']:04d}" + "r" * 496
-
-    final = wf.run("r1", {"i": 0, "reply": "", "doc": "d" * 12_000})
-    whole = len(json.dumps(final, separators=(",", ":")))
-    assert whole > f2.WHOLE_UP_TO
-    assert max(sizes) <= whole * (1 + f2._SLACK) + 1_200  # the slack, one more record, framing
-    assert committed(store, ckpt.checkpoint_key("mid", "r1"))[1] == final
 
 
 def test_edits_truncations_and_replacements_are_saved_exactly(store: ds.Store) -> None:
