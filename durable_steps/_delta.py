@@ -207,9 +207,10 @@ def _diff_dict(
     old: dict[str, Any], new: dict[str, Any], path: Path, ops: list[list[Any]], depth: int
 ) -> None:
     kept = [k for k in old if k in new]
-    if list(new)[: len(kept)] != kept:
+    if list(new)[: len(kept)] != kept or not set(map(type, new)) <= {str}:
         # Reordered, or a key added between old ones: a new key is appended at
-        # the end on replay, so only the whole value keeps this order.
+        # the end on replay, so only the whole value keeps this order. A key
+        # that is not exactly a str goes whole too, for the JSON check to see.
         ops.append(["set", list(path), new])
         return
     for key in old:

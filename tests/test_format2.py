@@ -379,7 +379,7 @@ def test_show_says_which_format_a_run_uses(
     assert cli.main(["--store", url, "show", "chat/new", "--state", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["state"] == final
     assert cli.main(["--store", url, "show", "chat/new"]) == 0
-    assert re.search(r"format +2 \(a small head", capsys.readouterr().out)
+    assert re.search(r"format +2 \(a head with", capsys.readouterr().out)
 
 
 # --- crashes -------------------------------------------------------------------------

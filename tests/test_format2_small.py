@@ -146,6 +146,24 @@ def test_a_tuple_key_added_to_a_big_state_is_refused_not_stored_unreadable() -> 
         _two_steps(store, edit).run("r", None)
 
 
+class _Key(str):
+    """A str subclass (as a StrEnum member is): JSON gives back a plain str."""
+
+
+@pytest.mark.parametrize("key", [_Key("k"), 1], ids=["str-subclass", "int"])
+def test_a_key_json_changes_added_to_a_big_state_is_refused(key: Any) -> None:
+    """A key that JSON would give back as another type (a str subclass, an int), added to
+    an existing dict of a big state, is refused at its commit as a small state's is.
+    """
+    store = ds.MemoryStore()
+
+    def edit(state: dict[str, Any]) -> None:
+        state["d"][key] = "x"
+
+    with pytest.raises(ds.SerializationError, match=r"state\['d'\]"):
+        _two_steps(store, edit).run("r", {"i": 0, "d": {}, "doc": BIG})
+
+
 def test_one_dict_put_under_two_new_keys_of_a_big_state_is_refused() -> None:
     """One dict stored under two keys in one commit of a big JSON state is refused (it would
     come back as two separate copies after a resume), as the whole-state check refuses it.

@@ -227,16 +227,17 @@ def _state_size(header: ckpt.Checkpoint, payload: bytes) -> str:
         return f"{human_size(len(payload))} of state"
     parts = sum(p["size"] for p in header.parts)
     count = len(header.parts)
-    return (
-        f"head; {human_size(len(payload))} of recent changes, "
-        f"{count} part{'s' * (count != 1)} of {human_size(parts)}"
-    )
+    # The head holds the changes since the last part, or a small state whole.
+    head = f"{human_size(len(payload))} in the head"
+    if not count:
+        return f"{head}, no parts"
+    return f"{head}, {count} part{'s' * (count != 1)} of {human_size(parts)}"
 
 
 def _format_text(header: ckpt.Checkpoint) -> str:
     if header.format == 1:
         return "1 (the whole state in one object; the run continues in format 1)"
-    return "2 (a small head with the recent changes, and parts it references)"
+    return "2 (a head with a small state or the recent changes, and parts it references)"
 
 
 def _code_text(header: ckpt.Checkpoint, current: dict[str, str] | None) -> str:
