@@ -31,6 +31,7 @@ __all__ = [
     "Protocol",
     "Put",
     "Sleep",
+    "Sweep",
     "drive_async",
     "drive_sync",
 ]
@@ -77,6 +78,15 @@ class Delete:
 
 
 @dataclass(frozen=True)
+class Sweep:
+    """Remove what killed writers left under a prefix, where the store keeps
+    such files (the local store's ``sweep``); nothing elsewhere.
+    """
+
+    prefix: str
+
+
+@dataclass(frozen=True)
 class Call:
     """Call user code (a step, ``reconcile``); awaited when it is async."""
 
@@ -99,7 +109,7 @@ class AwaitableInSyncRun(DefinitionError):
     """
 
 
-Effect = Get | GetMany | ListKeys | Put | Delete | Call | Sleep
+Effect = Get | GetMany | ListKeys | Put | Delete | Sweep | Call | Sleep
 Protocol = Generator[Effect, Any, T]
 
 
@@ -127,6 +137,8 @@ def _perform(effect: Effect, store: Store) -> Any:  # noqa: PLR0911 - a return p
         return store.put(effect.key, effect.data, match=effect.match)
     if isinstance(effect, Delete):
         return store.delete(effect.key, match=effect.match)
+    if isinstance(effect, Sweep):
+        return sweep(store, effect.prefix)
     if isinstance(effect, Call):
         result = effect.fn(*effect.args)
         if inspect.isawaitable(result):  # an async callable that looked sync
@@ -153,6 +165,13 @@ async def _perform_async(effect: Effect, store: Store) -> Any:
             await asyncio.sleep(effect.seconds)
         return None
     return await asyncio.to_thread(_perform, effect, store)
+
+
+def sweep(store: Store, prefix: str) -> None:
+    """Call the store's optional ``sweep(prefix)`` (see :class:`Sweep`)."""
+    method = getattr(store, "sweep", None)
+    if callable(method):
+        method(prefix)
 
 
 def drive_sync(protocol: Protocol[T], store: Store) -> T:

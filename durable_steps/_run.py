@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from . import _checkpoint as ckpt
 from . import _format2 as f2
-from ._drivers import Delete, Get, ListKeys, Protocol, Put, drive_sync
+from ._drivers import Delete, Get, ListKeys, Protocol, Put, Sweep, drive_sync
 from ._events import Event, EventKind, Subscriber, emit, logger
 from ._lease import Heartbeat, Owner, describe
 from ._signals import signals_prefix
@@ -265,6 +265,7 @@ class RunState:
             for prefix in (f2.parts_prefix(workflow, run_id), signals_prefix(workflow, run_id)):
                 for key in (yield ListKeys(prefix)):
                     yield Delete(key, None)
+                yield Sweep(prefix)  # a killed writer's files, which no key lists
         except StoreError as exc:
             logger.warning(
                 "run %s: could not delete its parts (%s); rm removes them", self.name, exc

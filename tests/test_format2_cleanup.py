@@ -121,3 +121,66 @@ def test_a_delete_killed_between_the_head_and_its_parts_leaves_nothing_unreadabl
         assert cli.main(prune) == 0
         assert f"deleted {len(left)} part(s) left of 1 deleted run(s)" in capsys.readouterr().out
     assert objects(store, "r") == {}
+
+
+_KILL_AT_PART_LINK = """
+import os, sys
+import durable_steps as ds
+from tests.test_format2_cleanup import chat_workflow
+
+real = os.symlink
+def symlink(src, dst, *args, **kwargs):
+    if "checkpoint" not in dst:  # a part's temporary link: its data file is written
+        os.kill(os.getpid(), 9)
+    return real(src, dst, *args, **kwargs)
+os.symlink = symlink
+chat_workflow(ds.LocalStore(sys.argv[1]), 60, sys.argv[3]).run(sys.argv[2], {"messages": []})
+"""
+
+
+def chat_workflow(store: ds.Store, steps: int, on_complete: str) -> ds.Workflow:
+    """:func:`grown`'s workflow, for a child process."""
+    wf = ds.Workflow(
+        "chat", store=store, until=lambda s: len(s["messages"]) >= steps, on_complete=on_complete
+    )
+
+    @wf.step()
+    def turn(state: dict[str, Any]) -> None:
+        state["messages"].append({"content": f"{len(state['messages']):06d}" + "x" * 2042})
+
+    return wf
+
+
+@pytest.mark.parametrize("cleanup", ["rm", "prune", "on_complete=delete"])
+def test_a_part_killed_before_its_link_leaves_no_file_after_cleanup(
+    tmp_path: Path, cleanup: str
+) -> None:
+    """SIGKILL between a part's data file and its link leaves a file no key names:
+    rm, prune and the tombstone of on_complete="delete" remove it and the run's
+    directories with it.
+    """
+    root = tmp_path / "store"
+    on_complete = "delete" if cleanup == "on_complete=delete" else "mark"
+    child = subprocess.run(
+        [sys.executable, "-c", _KILL_AT_PART_LINK, str(root), "r1", on_complete],
+        cwd=Path(__file__).parents[1],
+        capture_output=True,
+        timeout=60,
+        check=False,
+    )
+    assert child.returncode == -signal.SIGKILL, child.stderr
+    leftovers = [p.name for p in (root / "chat" / "r1" / "parts").iterdir()]
+    assert leftovers and all(name.startswith(".") for name in leftovers)  # unlisted files
+    store = ds.LocalStore(root)
+    chat_workflow(store, 60, on_complete).run("r1")
+    if cleanup == "rm":
+        assert cli.main(["--store", str(root), "rm", "chat/r1"]) == 0
+    elif cleanup == "prune":
+        assert (
+            cli.main(["--store", str(root), "prune", "--completed", "--older-than", "0s", "--yes"])
+            == 0
+        )
+    parts = root / "chat" / "r1" / "parts"
+    assert not parts.exists(), sorted(p.name for p in parts.iterdir())
+    if cleanup != "on_complete=delete":
+        assert not (root / "chat" / "r1").exists()

@@ -26,6 +26,7 @@ from collections.abc import Callable
 from typing import Any
 
 from .. import _checkpoint as ckpt
+from .._drivers import sweep
 from .._format2 import parts_prefix
 from .._signals import signals_prefix
 from ..errors import CheckpointConflict
@@ -196,6 +197,8 @@ def _delete_parts(store: Store, workflow: str, run_id: str) -> int:
         store.delete(info.key)
     for info in list(store.list(signals_prefix(workflow, run_id))):
         store.delete(info.key)
+    for prefix in (parts_prefix(workflow, run_id), signals_prefix(workflow, run_id)):
+        sweep(store, prefix)  # a killed writer's files, which no key lists
     return len(found)
 
 

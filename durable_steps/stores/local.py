@@ -279,6 +279,38 @@ class LocalStore:
         except OSError as exc:
             raise StoreError(f"cannot delete {path}: {exc}") from exc
 
+    def sweep(self, prefix: str) -> None:
+        """Remove what killed writers left in the directory ``prefix`` names
+        (``wf/run/parts/``): temporary links, and data files no key's link
+        names — the files of a key that never became visible, which no
+        ``list`` shows and so no ``delete`` reaches. Then the directory, and
+        its parent, if that left them empty. Under the directory's lock, so no
+        writer of it is mid-write. ``rm``, ``prune`` and a run's tombstone call
+        it after deleting what ``list`` shows there.
+        """
+        directory = self._path(prefix.rstrip("/"))
+        if not directory.is_dir():
+            return
+        try:
+            with self._locked_dir(directory) as dir_fd:
+                for entry in os.listdir(dir_fd):
+                    for head in (_TEMP_PREFIX, _DATA_PREFIX):
+                        name = entry[len(head) :].rpartition("-")[0]
+                        if entry.startswith(head) and _is_leftover(
+                            entry, name, keep=_readlink_or_none(name, dir_fd)
+                        ):
+                            with contextlib.suppress(FileNotFoundError):
+                                os.unlink(entry, dir_fd=dir_fd)
+                os.fsync(dir_fd)
+            for level in (directory, directory.parent):
+                os.rmdir(level)
+        except OSError as exc:
+            if not isinstance(exc, (FileNotFoundError, NotADirectoryError)) and exc.errno not in (
+                errno.ENOTEMPTY,
+                errno.EEXIST,
+            ):
+                raise StoreError(f"cannot sweep {directory}: {exc}") from exc
+
     def list(self, prefix: str) -> Iterator[ObjectInfo]:
         """Yield the objects whose keys start with ``prefix``, in key order."""
         base = prefix.rsplit("/", 1)[0] if "/" in prefix else ""
