@@ -220,18 +220,24 @@ def _fields(pairs: list[tuple[str, str]], style: Style, red: str = "") -> list[s
     return lines
 
 
-def _state_size(header: ckpt.Checkpoint, payload: bytes) -> str:
+def _size_text(header: ckpt.Checkpoint, size: int, payload: bytes) -> str:
+    """What the run keeps: its checkpoint object (``size`` bytes) and, in
+    format 2, the parts it lists; the head holds a small state whole or the
+    changes since the last part.
+    """
     if header.status == "deleted":
-        return "a tombstone: the state was deleted when the run completed"
+        return f"{human_size(size)} (a tombstone: the state was deleted when the run completed)"
     if header.format == 1:
-        return f"{human_size(len(payload))} of state"
+        return f"{human_size(size)} ({human_size(len(payload))} of state)"
+    held = f"{human_size(len(payload))} of state or changes" if payload else "no changes"
+    if not header.parts:
+        return f"{human_size(size)}, all in the head ({held})"
     parts = sum(p["size"] for p in header.parts)
     count = len(header.parts)
-    # The head holds the changes since the last part, or a small state whole.
-    head = f"{human_size(len(payload))} in the head"
-    if not count:
-        return f"{head}, no parts"
-    return f"{head}, {count} part{'s' * (count != 1)} of {human_size(parts)}"
+    return (
+        f"{human_size(size + parts)} in all: a {human_size(size)} head ({held}) and "
+        f"{count} part{'s' * (count != 1)} of {human_size(parts)}"
+    )
 
 
 def _format_text(header: ckpt.Checkpoint) -> str:
@@ -289,7 +295,7 @@ def describe(
             ("version", str(header.version) if header.version is not None else "none"),
             ("code", _code_text(header, code)),
             ("format", _format_text(header)),
-            ("size", f"{human_size(size)} ({_state_size(header, payload)})"),
+            ("size", _size_text(header, size, payload)),
             ("created", timestamp(header.created_at, now)),
             ("updated", timestamp(header.updated_at, now)),
         ],
