@@ -15,6 +15,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -27,18 +28,13 @@ import durable_steps as ds
 from durable_steps import _checkpoint as ckpt
 from durable_steps.testing import CrashingStore, SimulatedCrash
 from tests.conftest import StoreTarget
+from tests.forkserver import ForkServer
 from tests.storetools import rewrite_header
 
 LOCAL_AND_MOTO = [
     pytest.param("local", id="local"),
     pytest.param("moto", id="moto", marks=pytest.mark.s3),
 ]
-LOCAL_AND_SEAWEEDFS = [
-    pytest.param("local", id="local"),
-    pytest.param("seaweedfs", id="seaweedfs", marks=pytest.mark.s3),
-]
-"""Each command's test runs on the local store and on one real S3 server (the two
-servers share the work: every command is exercised on both, not every test twice)."""
 JUNK = {
     "pay/done-1/notes.txt": b"not a checkpoint: keep me",
     "pay/junk/checkpoint": b"hello\nworld",
@@ -140,15 +136,27 @@ def runs(durable_target: StoreTarget) -> Iterator[Runs]:
     store.close()
 
 
+_forks = ForkServer("durable_steps.cli")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _fork_server() -> Iterator[None]:
+    """The fork server ``cli`` runs the command in (``tests/forkserver.py``), stopped after."""
+    yield
+    _forks.close()
+
+
 def cli(target: StoreTarget, *args: str, env: dict[str, str] | None = None) -> Any:
-    """Run ``python -m durable_steps --store URL ARGS`` in a child process."""
-    proc = subprocess.run(
-        [sys.executable, "-m", "durable_steps", "--store", target.url, *args],
+    """Run ``python -m durable_steps --store URL ARGS`` in a child process: a fresh fork
+    of a server that imported the CLI once (the console script has its own tests).
+    """
+    out = Path(tempfile.gettempdir(), f"durable-steps-cli-{os.getpid()}")
+    proc = _forks.run(
+        ["--store", target.url, *args],
+        cwd=Path.cwd(),
+        out=out,
         env={**target.child_env(), **(env or {})},
-        capture_output=True,
-        text=True,
         timeout=60,
-        check=False,
     )
     assert "Traceback" not in proc.stderr, proc.stderr
     return proc
@@ -174,7 +182,6 @@ def rows(stdout: str) -> dict[str, list[str]]:
 # -- ls ----------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("durable_target", LOCAL_AND_SEAWEEDFS, indirect=True)
 def test_ls_lists_runs_in_every_state(runs: Runs) -> None:
     """ls shows each run's status, next step and iteration; filters narrow it down."""
     proc = cli(runs.target, "ls")
@@ -205,7 +212,6 @@ def test_ls_lists_runs_in_every_state(runs: Runs) -> None:
     assert entry["owner"] is None
 
 
-@pytest.mark.parametrize("durable_target", LOCAL_AND_MOTO, indirect=True)
 def test_show_stopped_run_says_nobody_runs_it(runs: Runs) -> None:
     """A crashed run is stopped: its dead owner is shown, and how to resume it."""
     proc = cli(runs.target, "show", "pay/crash-1")
@@ -223,7 +229,6 @@ def test_show_stopped_run_says_nobody_runs_it(runs: Runs) -> None:
 # -- show --------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("durable_target", LOCAL_AND_SEAWEEDFS, indirect=True)
 def test_show_explains_a_failed_run(runs: Runs) -> None:
     """show names the failed step, the error and its attempts, and what to do next."""
     proc = cli(runs.target, "show", "mail/fail-1")
@@ -236,7 +241,6 @@ def test_show_explains_a_failed_run(runs: Runs) -> None:
     assert "rerun the workflow: it resumes at step 'send'" in out
 
 
-@pytest.mark.parametrize("durable_target", LOCAL_AND_MOTO, indirect=True)
 def test_show_in_doubt_run_gives_its_key(runs: Runs) -> None:
     """show prints the pending intent's idempotency key; --json carries the header."""
     proc = cli(runs.target, "show", "pay/doubt-1")
@@ -331,7 +335,6 @@ def test_pickle_state_needs_unsafe_unpickle_and_signing_key(runs: Runs) -> None:
 # -- resolve -----------------------------------------------------------------
 
 
-@pytest.mark.parametrize("durable_target", LOCAL_AND_SEAWEEDFS, indirect=True)
 def test_resolve_fired_then_rerun_completes_without_firing(runs: Runs) -> None:
     """After resolve --fired, rerunning completes the run and never calls the step."""
     proc = cli(runs.target, "resolve", "pay/doubt-1", "--fired")
@@ -383,7 +386,6 @@ def test_resolve_refusals(runs: Runs) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("durable_target", LOCAL_AND_SEAWEEDFS, indirect=True)
 def test_rm_deletes_only_checkpoints_and_guards_in_doubt_runs(runs: Runs) -> None:
     """rm deletes checkpoints only; an in-doubt run needs --force (live ones: see below)."""
     refused = cli(runs.target, "rm", "pay/doubt-1")
@@ -475,7 +477,6 @@ def test_a_crash_with_a_pending_intent_is_in_doubt_and_show_follows_the_policy(
 # -- a bare run id --------------------------------------------------------------
 
 
-@pytest.mark.parametrize("durable_target", LOCAL_AND_MOTO, indirect=True)
 def test_a_bare_run_id_names_the_one_run_that_has_it(runs: Runs) -> None:
     """show, resolve and rm take a bare RUN_ID that one run has; several: exit 2 naming
     them all (nothing done); none: exit 3.
@@ -616,7 +617,6 @@ def test_live_run_is_running_until_its_process_dies(
     assert resolve.returncode == 0, resolve.stderr
 
 
-@pytest.mark.parametrize("durable_target", LOCAL_AND_SEAWEEDFS, indirect=True)
 def test_prune_is_a_dry_run_until_yes_and_deletes_only_old_completed_runs(runs: Runs) -> None:
     """prune lists without deleting; --yes deletes completed runs past the age, nothing else."""
     keep = [

@@ -18,7 +18,6 @@ from __future__ import annotations
 import json
 import signal
 import subprocess
-import sys
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -40,6 +39,7 @@ from tests.crashchild import (
     read_lines,
     workflow_name,
 )
+from tests.forkserver import ForkServer
 
 CHILD = Path(__file__).with_name("crashchild.py")
 IDEMPOTENT = dict(STEPS)
@@ -47,6 +47,7 @@ ORDER = [(name, i) for i in range(PASSES) for name, _ in STEPS]
 """Every (step, iteration) of a run, in the order they execute."""
 RUN = "r1"
 KILLED = -signal.SIGKILL
+_forks = ForkServer(CHILD)
 
 Crash = tuple[str, str, int]
 
@@ -117,10 +118,9 @@ class Harness:
         self.ledger = self.tmp / "ledger.log"
 
     def child(self, crash: Crash | None = None) -> subprocess.CompletedProcess[str]:
-        """Run the child on run ``RUN``; crash at ``crash`` if given."""
+        """Run the child on run ``RUN``; crash at ``crash`` if given (a fresh fork of the
+        fork server: a real process, without the imports' cost)."""
         cmd = [
-            sys.executable,
-            str(CHILD),
             "--store",
             self.target.url,
             "--run",
@@ -134,14 +134,8 @@ class Harness:
         ]
         if crash is not None:
             cmd += ["--crash", ":".join(map(str, crash))]
-        return subprocess.run(
-            cmd,
-            env=self.target.child_env(),
-            cwd=self.tmp,
-            capture_output=True,
-            text=True,
-            timeout=60,
-            check=False,
+        return _forks.run(
+            cmd, cwd=self.tmp, out=self.tmp / "child", env=self.target.child_env(), timeout=60
         )
 
     def finish(self) -> dict[str, Any]:
@@ -191,6 +185,13 @@ class Harness:
         assert self.workflow().run(RUN, initial_state()) == final
         assert self.execs() == execs
         assert self.ledger_lines() == ledger
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _fork_server() -> Iterator[None]:
+    """The fork server the children come from (``tests/forkserver.py``), stopped after."""
+    yield
+    _forks.close()
 
 
 @pytest.fixture

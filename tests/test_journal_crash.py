@@ -34,6 +34,7 @@ from durable_steps import _checkpoint as ckpt
 from durable_steps._drivers import drive_sync
 from durable_steps._format2 import load_state
 from tests.conftest import StoreTarget, one_s3_kind_each
+from tests.forkserver import ForkServer
 from tests.journalchild import (
     EFFECTS,
     EXIT_IN_DOUBT,
@@ -54,6 +55,7 @@ from tests.journalchild import (
 CHILD = Path(__file__).with_name("journalchild.py")
 RUN = "r1"
 KILLED = -signal.SIGKILL
+_forks = ForkServer(CHILD)
 ORDER = [(it, name) for it in range(PASSES) for name in call_names(it)]
 """Every journaled call of a ``turns`` run, in the order they are made."""
 
@@ -135,17 +137,12 @@ class Child:
         self.ledger = self.tmp / "ledger.log"
 
     def run(self, workflow: str, *extra: str) -> subprocess.CompletedProcess[str]:
-        """Run the child's ``workflow`` on run ``RUN`` with ``extra`` arguments."""
-        cmd = [sys.executable, str(CHILD), workflow, "--store", self.target.url, "--run", RUN]
-        cmd += ["--log", str(self.log), "--ledger", str(self.ledger), *extra]
-        return subprocess.run(
-            cmd,
-            env=self.target.child_env(),
-            cwd=self.tmp,
-            capture_output=True,
-            text=True,
-            timeout=60,
-            check=False,
+        """Run the child's ``workflow`` on run ``RUN`` with ``extra`` arguments (a fresh
+        fork of the fork server: a real process, without the imports' cost)."""
+        args = [workflow, "--store", self.target.url, "--run", RUN]
+        args += ["--log", str(self.log), "--ledger", str(self.ledger), *extra]
+        return _forks.run(
+            args, cwd=self.tmp, out=self.tmp / "child", env=self.target.child_env(), timeout=60
         )
 
     def finish(self, workflow: str, *extra: str) -> str:
@@ -192,6 +189,13 @@ class Child:
         assert json.dumps(again, sort_keys=True) == final
         assert self.execs() == execs
         assert self.ledger_lines() == ledger
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _fork_server() -> Iterator[None]:
+    """The fork server the children come from (``tests/forkserver.py``), stopped after."""
+    yield
+    _forks.close()
 
 
 @pytest.fixture

@@ -16,8 +16,8 @@ from __future__ import annotations
 import json
 import signal
 import subprocess
-import sys
 from collections import defaultdict
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -28,10 +28,12 @@ import durable_steps as ds
 from durable_steps import _checkpoint as ckpt
 from tests.conftest import StoreTarget, one_s3_kind_each
 from tests.crashchild import read_lines
+from tests.forkserver import ForkServer
 from tests.waitchild import EXIT_ALREADY_SENT, EXIT_WAITING, WORKFLOW, build_workflow
 
 CHILD = Path(__file__).with_name("waitchild.py")
 KILLED = -signal.SIGKILL
+_forks = ForkServer(CHILD)
 RUN = "t-7"
 PAYLOAD = {"amount": 3400, "approved": True, "by": "ana"}
 FINAL = {
@@ -132,6 +134,13 @@ def _params() -> list[Any]:
     return params
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _fork_server() -> Iterator[None]:
+    """The fork server the children come from (``tests/forkserver.py``), stopped after."""
+    yield
+    _forks.close()
+
+
 @dataclass
 class Child:
     """Runs ``waitchild.py`` against one store target, in ``tmp``."""
@@ -140,15 +149,13 @@ class Child:
     tmp: Path
 
     def __call__(self, mode: str, *args: str) -> subprocess.CompletedProcess[str]:
-        """``waitchild.py MODE --store URL --run RUN ARGS``."""
-        proc = subprocess.run(
-            [sys.executable, str(CHILD), mode, "--store", self.target.url, "--run", RUN, *args],
+        """``waitchild.py MODE --store URL --run RUN ARGS``, a fresh fork of the fork server."""
+        proc = _forks.run(
+            [mode, "--store", self.target.url, "--run", RUN, *args],
             cwd=self.tmp,
+            out=self.tmp / "child",
             env=self.target.child_env(),
-            capture_output=True,
-            text=True,
             timeout=90,
-            check=False,
         )
         assert "Traceback" not in proc.stderr, proc.stderr
         return proc

@@ -26,7 +26,7 @@ import pytest
 import durable_steps as ds
 from durable_steps import _checkpoint as ckpt
 from tests import workerapp
-from tests.conftest import StoreTarget
+from tests.conftest import StoreTarget, one_s3_kind_each
 
 ROOT = Path(__file__).resolve().parent.parent
 DONE = {"fetched": 2, "charged": 2, "passes": 2}
@@ -450,7 +450,21 @@ def test_fleet_of_workers_survives_random_kills(
     check_ledger(files["ledger"], runs, max_duplicates=kills)
 
 
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+SIGNALS = [signal.SIGTERM, signal.SIGINT]
+
+
+@pytest.mark.parametrize(
+    ("durable_target", "sig"),
+    [
+        *(pytest.param("local", sig, id=f"local-{sig.name}") for sig in SIGNALS),
+        # Over the wire each signal on one server: the worker's code is the same on both.
+        *(
+            pytest.param(kind, sig, marks=pytest.mark.s3, id=f"{kind}-{sig.name}")
+            for kind, sig in one_s3_kind_each(SIGNALS)
+        ),
+    ],
+    indirect=["durable_target"],
+)
 def test_cli_worker_signal_releases_run(
     sig: signal.Signals,
     durable_target: StoreTarget,
