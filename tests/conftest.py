@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 
 import durable_steps as ds
+from tests import forkserver
 from tests.cloudservers import (
     AzuriteServer,
     CloudServer,
@@ -56,6 +57,13 @@ def _kind_params(kinds: list[str]) -> list[object]:
         **dict.fromkeys(CLOUD_KINDS, pytest.mark.cloud),
     }
     return [pytest.param(k, marks=marks[k]) if k in marks else k for k in kinds]
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _fork_servers() -> Iterator[None]:
+    """Stops the fork servers (``tests/forkserver.py``) the suite's modules started."""
+    yield
+    forkserver.close_all()
 
 
 @pytest.fixture(scope="session")

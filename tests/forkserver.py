@@ -87,6 +87,16 @@ def _child(module: Any, request: dict[str, Any]) -> None:
         os._exit(code)
 
 
+_running: list[ForkServer] = []
+"""The servers started in this process, for :func:`close_all`."""
+
+
+def close_all() -> None:
+    """Stop every server this process started (the suite does at its end)."""
+    while _running:
+        _running.pop().close()
+
+
 @dataclass
 class ForkServer:
     """The server process for one script, and a ``subprocess.run``-like call."""
@@ -118,6 +128,7 @@ class ForkServer:
                 text=True,
                 start_new_session=True,  # a timeout kills the server and its fork, nothing else
             )
+            _running.append(self)
         assert self.proc.stdin is not None
         assert self.proc.stdout is not None
         assert {name: env.get(name) for name in IMPORT_TIME_ENV} == self.started_env, (
@@ -133,12 +144,14 @@ class ForkServer:
         }
         self.proc.stdin.write(json.dumps(request) + "\n")
         self.proc.stdin.flush()
-        if not select.select([self.proc.stdout], [], [], timeout)[0]:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait()
-            self.proc = None
+        server, self.proc = self.proc, None  # put back once it has answered
+        assert server.stdout is not None
+        if not select.select([server.stdout], [], [], timeout)[0]:
+            os.killpg(server.pid, signal.SIGKILL)
+            server.wait()
             raise subprocess.TimeoutExpired([str(self.script), *argv], timeout)
-        answer = self.proc.stdout.readline()
+        answer = server.stdout.readline()
+        self.proc = server
         assert answer, f"the fork server for {self.script} died"
         code = json.loads(answer)["returncode"]
         return subprocess.CompletedProcess(argv, code, stdout.read_text(), stderr.read_text())

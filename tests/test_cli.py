@@ -139,13 +139,6 @@ def runs(durable_target: StoreTarget) -> Iterator[Runs]:
 _forks = ForkServer("durable_steps.cli")
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _fork_server() -> Iterator[None]:
-    """The fork server ``cli`` runs the command in (``tests/forkserver.py``), stopped after."""
-    yield
-    _forks.close()
-
-
 def cli(target: StoreTarget, *args: str, env: dict[str, str] | None = None) -> Any:
     """Run ``python -m durable_steps --store URL ARGS`` in a child process: a fresh fork
     of a server that imported the CLI once (the console script has its own tests).

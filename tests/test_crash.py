@@ -187,13 +187,6 @@ class Harness:
         assert self.ledger_lines() == ledger
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _fork_server() -> Iterator[None]:
-    """The fork server the children come from (``tests/forkserver.py``), stopped after."""
-    yield
-    _forks.close()
-
-
 @pytest.fixture
 def harness(durable_target: StoreTarget, tmp_path: Path) -> Iterator[Callable[[str], Harness]]:
     """Build a Harness for a workflow variant; close its store afterwards."""

@@ -191,13 +191,6 @@ class Child:
         assert self.ledger_lines() == ledger
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _fork_server() -> Iterator[None]:
-    """The fork server the children come from (``tests/forkserver.py``), stopped after."""
-    yield
-    _forks.close()
-
-
 @pytest.fixture
 def child(durable_target: StoreTarget, tmp_path: Path) -> Iterator[Child]:
     """A :class:`Child` on the target store; its store closed afterwards."""

@@ -69,13 +69,6 @@ def close_the_loop_run_sync_keeps() -> Iterator[None]:
 _forks = ForkServer(CHILD)
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _fork_server() -> Iterator[None]:
-    """The fork server the crash tests' children come from, stopped after the module."""
-    yield
-    _forks.close()
-
-
 def child(tmp: Path, mode: str, crash: str | None = None) -> subprocess.CompletedProcess[str]:
     """``python tests/pydaichild.py`` on run r1 in ``tmp``, as a fresh fork of the server."""
     args = ["--store", str(tmp / "store"), "--run", "r1", "--log", str(tmp / "log")]

@@ -17,7 +17,6 @@ import json
 import signal
 import subprocess
 from collections import defaultdict
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -132,13 +131,6 @@ def _params() -> list[Any]:
         marks = [pytest.mark.s3, *(() if name in S3_SAMPLE else (pytest.mark.slow,))]
         params.append(pytest.param(kind, crash, worker, marks=marks, id=f"{kind}-{name}"))
     return params
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _fork_server() -> Iterator[None]:
-    """The fork server the children come from (``tests/forkserver.py``), stopped after."""
-    yield
-    _forks.close()
 
 
 @dataclass
