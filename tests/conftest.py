@@ -16,10 +16,12 @@ import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 import durable_steps as ds
+from tests import forkserver
 from tests.cloudservers import (
     AzuriteServer,
     CloudServer,
@@ -38,12 +40,30 @@ PERSISTENT_KINDS = ["local", *S3_KINDS]  # those a second process can open
 _SCHEMES = {"gcs": "gs", "azure": "az"}
 
 
+def one_s3_kind_each(cases: list[Any]) -> list[tuple[str, Any]]:
+    """Each case paired with ONE real S3 server, alternating in list order.
+
+    A crash matrix proves its kill points on the local store; over the wire,
+    running every point on both servers doubles the cost and proves the same
+    code path twice. Alternating keeps every point over the wire once per run
+    and every server exercised by about half of them, the same ones each run.
+    """
+    return [(S3_KINDS[i % len(S3_KINDS)], case) for i, case in enumerate(cases)]
+
+
 def _kind_params(kinds: list[str]) -> list[object]:
     marks = {
         **dict.fromkeys(S3_KINDS, pytest.mark.s3),
         **dict.fromkeys(CLOUD_KINDS, pytest.mark.cloud),
     }
     return [pytest.param(k, marks=marks[k]) if k in marks else k for k in kinds]
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _fork_servers() -> Iterator[None]:
+    """Stops the fork servers (``tests/forkserver.py``) the suite's modules started."""
+    yield
+    forkserver.close_all()
 
 
 @pytest.fixture(scope="session")

@@ -21,7 +21,7 @@ from durable_steps import _checkpoint as ckpt
 from durable_steps import _format2 as f2
 from durable_steps import cli
 from durable_steps.testing import CrashingStore, SimulatedCrash
-from tests.conftest import StoreTarget
+from tests.conftest import StoreTarget, one_s3_kind_each
 from tests.crashchild import initial_state, workflow_name
 from tests.storetools import Wrapped, committed
 
@@ -82,7 +82,18 @@ def head(store: ds.Store, workflow: str, run_id: str) -> ckpt.Checkpoint:
 # --- costs -----------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("serializer", ["json", "pickle"])
+SERIALIZERS = ["json", "pickle"]
+
+
+@pytest.mark.parametrize(
+    ("store_target", "serializer"),
+    [
+        *((kind, name) for kind in ("memory", "local") for name in SERIALIZERS),
+        # Over the wire each serializer on one server: 300 PUTs cost seconds there.
+        *(pytest.param(k, n, marks=pytest.mark.s3) for k, n in one_s3_kind_each(SERIALIZERS)),
+    ],
+    indirect=["store_target"],
+)
 def test_growth_costs_are_proportional_to_the_change(store: ds.Store, serializer: str) -> None:
     """300 appends of 2 KB: ≤ 1.1 PUTs per step, a small fraction of a full rewrite's
     bytes, at most 3 parts, and a resume of 1 + 3 GETs with no LIST.

@@ -5,7 +5,9 @@ server (SeaweedFS, moto), killed at one boundary of a journaled call; reruns
 it to completion in a second child; then checks what really happened against
 the child's executions log (every fn call), its ledger (what the "payment
 API" saw, with keys), the head the kill left, and an uncrashed run's final
-state. One crashed run and one rerun per kill point per store. Also: 50
+state. One crashed run and one rerun per kill point on the local store, and
+per kill point on one real S3 server (alternating SeaweedFS and moto, see
+``one_s3_kind_each``: each point goes over the wire once, not twice). Also: 50
 concurrent calls (gathered acalls and aeffects, threads) killed mid-way,
 ``in_doubt="raise"`` after a kill, a format-1 run, and an owner SIGSTOPped
 mid-step and taken over.
@@ -19,7 +21,7 @@ import subprocess
 import sys
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
@@ -31,7 +33,8 @@ import durable_steps as ds
 from durable_steps import _checkpoint as ckpt
 from durable_steps._drivers import drive_sync
 from durable_steps._format2 import load_state
-from tests.conftest import S3_KINDS, StoreTarget
+from tests.conftest import StoreTarget, one_s3_kind_each
+from tests.forkserver import ForkServer
 from tests.journalchild import (
     EFFECTS,
     EXIT_IN_DOUBT,
@@ -52,6 +55,7 @@ from tests.journalchild import (
 CHILD = Path(__file__).with_name("journalchild.py")
 RUN = "r1"
 KILLED = -signal.SIGKILL
+_forks = ForkServer(CHILD)
 ORDER = [(it, name) for it in range(PASSES) for name in call_names(it)]
 """Every journaled call of a ``turns`` run, in the order they are made."""
 
@@ -70,8 +74,21 @@ TURN_CRASHES: list[Crash] = [
 ]
 
 
-def _kinds() -> list[Any]:
-    return ["local", *(pytest.param(k, marks=pytest.mark.s3) for k in S3_KINDS)]
+def _cases(cases: list[Any], ids: Callable[[Any], str] = str) -> list[Any]:
+    """``(durable_target, case)`` params: every case on the local store, and on
+    one real S3 server each (alternating: over the wire once, not on both).
+    """
+    params = [pytest.param("local", case, id=f"local-{ids(case)}") for case in cases]
+    params += [
+        pytest.param(kind, case, marks=pytest.mark.s3, id=f"{kind}-{ids(case)}")
+        for kind, case in one_s3_kind_each(cases)
+    ]
+    return params
+
+
+def crash_id(crash: Crash) -> str:
+    """``("inside", "tool:t1-1", 1)`` -> ``inside:tool:t1-1:1``."""
+    return ":".join(map(str, crash))
 
 
 def exec_line(iteration: int, name: str) -> str:
@@ -120,17 +137,12 @@ class Child:
         self.ledger = self.tmp / "ledger.log"
 
     def run(self, workflow: str, *extra: str) -> subprocess.CompletedProcess[str]:
-        """Run the child's ``workflow`` on run ``RUN`` with ``extra`` arguments."""
-        cmd = [sys.executable, str(CHILD), workflow, "--store", self.target.url, "--run", RUN]
-        cmd += ["--log", str(self.log), "--ledger", str(self.ledger), *extra]
-        return subprocess.run(
-            cmd,
-            env=self.target.child_env(),
-            cwd=self.tmp,
-            capture_output=True,
-            text=True,
-            timeout=60,
-            check=False,
+        """Run the child's ``workflow`` on run ``RUN`` with ``extra`` arguments (a fresh
+        fork of the fork server: a real process, without the imports' cost)."""
+        args = [workflow, "--store", self.target.url, "--run", RUN]
+        args += ["--log", str(self.log), "--ledger", str(self.ledger), *extra]
+        return _forks.run(
+            args, cwd=self.tmp, out=self.tmp / "child", env=self.target.child_env(), timeout=60
         )
 
     def finish(self, workflow: str, *extra: str) -> str:
@@ -222,8 +234,9 @@ def ledger_keys(ledger: list[str], doubled: str | None) -> dict[str, str]:
     return keys
 
 
-@pytest.mark.parametrize("crash", TURN_CRASHES, ids=lambda c: ":".join(map(str, c)))
-@pytest.mark.parametrize("durable_target", _kinds(), indirect=True)
+@pytest.mark.parametrize(
+    ("durable_target", "crash"), _cases(TURN_CRASHES, crash_id), indirect=["durable_target"]
+)
 def test_sigkill_at_a_journal_boundary_then_rerun_matches_uncrashed_run(
     child: Child, crash: Crash
 ) -> None:
@@ -234,7 +247,7 @@ def test_sigkill_at_a_journal_boundary_then_rerun_matches_uncrashed_run(
 FORMAT1_CRASHES = [c for c in TURN_CRASHES if c[0] in ("before-record", "inside", "after-record")]
 
 
-@pytest.mark.parametrize("crash", FORMAT1_CRASHES, ids=lambda c: ":".join(map(str, c)))
+@pytest.mark.parametrize("crash", FORMAT1_CRASHES, ids=crash_id)
 @pytest.mark.parametrize("durable_target", ["local"], indirect=True)
 def test_sigkill_of_a_format_1_run_keeps_its_journal_in_the_header(
     child: Child, crash: Crash
@@ -247,7 +260,7 @@ def test_sigkill_of_a_format_1_run_keeps_its_journal_in_the_header(
 def check_kill_and_rerun(child: Child, crash: Crash, *extra: str) -> None:
     """Kill the child at ``crash``, rerun it (both with ``extra``), check everything."""
     boundary, name, it = crash
-    proc = child.run(TURNS, "--crash", ":".join(map(str, crash)), *extra)
+    proc = child.run(TURNS, "--crash", crash_id(crash), *extra)
     assert proc.returncode == KILLED, proc.stderr
 
     # What the kill left: the fns before it ran; the head holds exactly the
@@ -287,8 +300,9 @@ def check_kill_and_rerun(child: Child, crash: Crash, *extra: str) -> None:
     child.assert_completed_and_inert(TURNS, final, format1="--format1" in extra)
 
 
-@pytest.mark.parametrize("workflow", [GATHER, THREADS])
-@pytest.mark.parametrize("durable_target", _kinds(), indirect=True)
+@pytest.mark.parametrize(
+    ("durable_target", "workflow"), _cases([GATHER, THREADS]), indirect=["durable_target"]
+)
 def test_sigkill_among_50_concurrent_calls_then_rerun_calls_each_unrecorded_once(
     child: Child, workflow: str
 ) -> None:
@@ -318,7 +332,9 @@ def test_sigkill_among_50_concurrent_calls_then_rerun_calls_each_unrecorded_once
     child.assert_completed_and_inert(workflow, final)
 
 
-@pytest.mark.parametrize("durable_target", _kinds(), indirect=True)
+@pytest.mark.parametrize(
+    "durable_target", ["local", pytest.param("seaweedfs", marks=pytest.mark.s3)], indirect=True
+)
 def test_sigkill_among_50_gathered_aeffects_then_rerun_refires_only_open_ones(
     child: Child,
 ) -> None:
@@ -355,12 +371,14 @@ def test_sigkill_among_50_gathered_aeffects_then_rerun_refires_only_open_ones(
     child.assert_completed_and_inert(EFFECTS, final)
 
 
-@pytest.mark.parametrize("durable_target", _kinds(), indirect=True)
+@pytest.mark.parametrize(
+    "durable_target", ["local", pytest.param("moto", marks=pytest.mark.s3)], indirect=True
+)
 def test_in_doubt_raise_names_the_killed_effect_and_resolve_settles_it(child: Child) -> None:
     """in_doubt="raise" after a kill in an effect names it; resolve(fired=True) ends it."""
     crash = ("inside", "tool:t1-1", 1)
     raising = ("--in-doubt", "raise")
-    assert child.run(TURNS, "--crash", ":".join(map(str, crash)), *raising).returncode == KILLED
+    assert child.run(TURNS, "--crash", crash_id(crash), *raising).returncode == KILLED
     (line,) = [x for x in child.ledger_lines() if x.startswith("tool:t1-1:")]
     key = line.rsplit(":", 1)[1]
     execs = child.execs()
@@ -405,7 +423,7 @@ def test_a_paused_owner_taken_over_mid_step_records_and_fires_nothing_more(
     crash = ("between", "tool:t1-0", 1)
     cmd = [sys.executable, str(CHILD), TURNS, "--store", child.target.url, "--run", RUN]
     cmd += ["--log", str(child.log), "--ledger", str(child.ledger), "--stop"]
-    cmd += ["--crash", ":".join(map(str, crash))]
+    cmd += ["--crash", crash_id(crash)]
     paused = subprocess.Popen(
         cmd,
         env=child.target.child_env(),

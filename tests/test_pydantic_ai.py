@@ -4,7 +4,9 @@ The crash tests run ``tests/pydaichild.py`` (a two-turn support agent on
 pydantic-ai's own ``FunctionModel``: a read tool, two effect tools called
 together) killed with a real SIGKILL at one point, then rerun to completion,
 and compare what really happened (the child's model, tool and ledger logs)
-with an uncrashed run. The other tests run agents in-process, with
+with an uncrashed run. Each child is a fresh fork of a server that imported
+the script once (``tests/forkserver.py``): a real process, killed for real,
+without paying pydantic-ai's import twice per case. The other tests run agents in-process, with
 ``FunctionModel`` and ``TestModel``.
 """
 
@@ -38,6 +40,7 @@ from pydantic_ai.models.test import TestModel
 import durable_steps as ds
 from durable_steps import _delta
 from durable_steps.integrations.pydantic_ai import DurableAgent, idempotency_key
+from tests.forkserver import ForkServer
 from tests.pydaichild import read_lines
 
 pytestmark = pytest.mark.pydantic_ai
@@ -63,13 +66,17 @@ def close_the_loop_run_sync_keeps() -> Iterator[None]:
     asyncio.set_event_loop(None)
 
 
+_forks = ForkServer(CHILD)
+
+
 def child(tmp: Path, mode: str, crash: str | None = None) -> subprocess.CompletedProcess[str]:
-    args = [sys.executable, str(CHILD), "--store", str(tmp / "store"), "--run", "r1"]
-    args += ["--log", str(tmp / "log"), "--mode", mode]
+    """``python tests/pydaichild.py`` on run r1 in ``tmp``, as a fresh fork of the server."""
+    args = ["--store", str(tmp / "store"), "--run", "r1", "--log", str(tmp / "log")]
+    args += ["--mode", mode]
     if crash:
         args += ["--crash", crash]
     (tmp / "log").mkdir(parents=True, exist_ok=True)
-    return subprocess.run(args, capture_output=True, text=True, timeout=90, check=False)
+    return _forks.run(args, cwd=tmp, out=tmp / "child")
 
 
 def transcript(state: dict[str, Any]) -> list[Any]:

@@ -213,11 +213,13 @@ def assert_completed_once(store: ds.Store, run_id: str) -> None:
     assert [[e[0], e[1]] for e in h.history] == COMMIT_STEPS, run_id
 
 
-def test_forty_runs_survive_a_node_killed_mid_run(cluster: Cluster) -> None:
-    """40 runs via `worker --ray`, a node SIGKILLed mid-run: each completes once, one key each."""
+def test_twenty_runs_survive_a_node_killed_mid_run(cluster: Cluster) -> None:
+    """20 runs via `worker --ray`, a node SIGKILLed mid-run: each completes once, one key each."""
     store = ds.LocalStore(cluster.store)
     wf = fleet(store, lease=LEASE)
-    runs = [f"k{i:02d}" for i in range(40)]
+    # The kill lands in the first runs; the rest then queue on the one node left, so
+    # each run more costs its steps' time there: 20 leave plenty after the kill.
+    runs = [f"k{i:02d}" for i in range(20)]
     for r in runs:
         wf.submit(r, workerapp.initial_state())
     driver = subprocess.Popen(
@@ -245,7 +247,7 @@ def test_forty_runs_survive_a_node_killed_mid_run(cluster: Cluster) -> None:
     assert driver.returncode == 0, err[-4000:]
     # No "lost": each task Ray retried waited out its dead attempt's lease and finished the run.
     expected = (
-        "worker fleet: 40 completed, 0 failed, 0 in-doubt, 0 released, 0 waiting, 0 lost, 0 errors"
+        "worker fleet: 20 completed, 0 failed, 0 in-doubt, 0 released, 0 waiting, 0 lost, 0 errors"
     )
     assert expected in out, out + err[-4000:]
     resumed = [r for r in runs if len(set(pids_of(cluster, r))) > 1]
