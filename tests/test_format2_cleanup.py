@@ -170,7 +170,8 @@ def test_a_part_killed_before_its_link_leaves_no_file_after_cleanup(
     )
     assert child.returncode == -signal.SIGKILL, child.stderr
     leftovers = [p.name for p in (root / "chat" / "r1" / "parts").iterdir()]
-    assert leftovers and all(name.startswith(".") for name in leftovers)  # unlisted files
+    assert leftovers
+    assert all(name.startswith(".") for name in leftovers)  # files no key lists
     store = ds.LocalStore(root)
     chat_workflow(store, 60, on_complete).run("r1")
     if cleanup == "rm":
