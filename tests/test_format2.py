@@ -416,7 +416,9 @@ def child(target: StoreTarget, tmp: Path, crash: str | None) -> subprocess.Compl
     "crash",
     ["after-part:1:0", "after-part:4:0", "after-part:7:0", "before-drop:1:0", "before-drop:3:0"],
 )
-@pytest.mark.parametrize("durable_target", ["local", "seaweedfs"], indirect=True)
+@pytest.mark.parametrize(
+    "durable_target", ["local", pytest.param("seaweedfs", marks=pytest.mark.s3)], indirect=True
+)
 def test_sigkill_between_a_part_and_its_head_or_during_compaction(
     durable_target: StoreTarget, tmp_path: Path, crash: str
 ) -> None:
