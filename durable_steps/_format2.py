@@ -17,7 +17,7 @@ Objects of run ``<workflow>/<run_id>/``:
 A *record* is one commit's change: an 8-byte big-endian length, then
 ``serializer.dumps(ops)`` where ``ops`` are :mod:`durable_steps._delta` ops
 (for pickle states, with each value as its own pickle: see
-:class:`_PickleFinder`). Records concatenate, so merging changes parts is
+:class:`~durable_steps._finders.PickleFinder`). Records concatenate, so merging changes parts is
 concatenating bytes, for any serializer. A run's state is: ``None``; each
 part in the head's order (a base replaces the state, changes are replayed);
 then the tail. A new run's first record sets the root to the initial state.
@@ -93,14 +93,15 @@ import json
 import pickle
 import secrets
 import struct
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from . import _checkpoint as ckpt
-from ._delta import Tracker, apply, snapshot
+from ._delta import apply
 from ._drivers import GetMany, Protocol, Put
-from .errors import CheckpointConflict, CorruptCheckpoint, SerializationError
-from .serializers import _COMPACT_JSON, JSONSerializer, SignedSerializer, check_json, plain_json
+from ._finders import JOURNAL, JSONFinder, PickleFinder, inner
+from .errors import CheckpointConflict, CorruptCheckpoint
+from .serializers import _COMPACT_JSON, JSONSerializer, check_json
 
 if TYPE_CHECKING:
     from .serializers import Serializer
@@ -118,18 +119,11 @@ _SLACK, _MIN_SLACK = 0.25, 512
 """A state smaller than the threshold is rewritten whole into the tail once the
 changes behind its last whole encoding reach this fraction of it (or 512 bytes)."""
 _LINE = json.JSONEncoder(separators=(",", ":"), ensure_ascii=True)
-JOURNAL = "jrn"
-"""The op of a journal record: ``["jrn", [step, iteration, name, kind, key], value]``,
-one per record, never mixed with a commit's ops (see ``_journal``)."""
 
 
 def supports(serializer: Serializer) -> bool:
     """Whether new runs with this serializer are written in format 2."""
-    return _inner(serializer).name in ("json", "pickle")
-
-
-def _inner(serializer: Serializer) -> Serializer:
-    return serializer.inner if isinstance(serializer, SignedSerializer) else serializer
+    return inner(serializer).name in ("json", "pickle")
 
 
 def parts_prefix(workflow: str, run_id: str) -> str:
@@ -156,318 +150,6 @@ def records(data: bytes) -> list[bytes]:
     return out
 
 
-# --- finding the change -----------------------------------------------------------
-
-
-_SCALARS = frozenset((str, int, bool, float, type(None)))
-"""Exact types a changed value needs no walk for: what ``check_json`` would
-refuse of them is a float that is not finite (checked here) or what only the
-encoder sees (a lone surrogate, an int too long), which :meth:`_JSONFinder.encode`
-names."""
-
-
-def _path_text(path: list[Any]) -> str:
-    return "state" + "".join(f"[{step!r}]" for step in path)
-
-
-class _Finder:
-    """What both finders share: replaying a record, reading a journal record,
-    and holding a small state as its last whole record instead of tracking it.
-
-    A small state is written whole at every commit (see the module
-    docstring); its finder then keeps that record (``_record``) and no shadow
-    or cache. :meth:`committed` decodes the record, and the first
-    :meth:`changes` after the state outgrew that mode builds the shadow from it.
-    """
-
-    _record: bytes | None = None
-    removed = 0
-    """About how many encoded bytes the last :meth:`changes` took out of the
-    state (values replaced or deleted, lists cut): how a state that shrank
-    (a transcript compacted) is noticed without encoding it."""
-
-    def ops(self, record: bytes) -> list[list[Any]]:
-        raise NotImplementedError
-
-    def replay(self, state: Any, record: bytes) -> Any:
-        return apply(state, self.ops(record))
-
-    def journal_value(self, record: bytes) -> Any:
-        """The value a journal record holds, decoded afresh."""
-        return self.ops(record)[0][2]
-
-    def whole_record(self, state: Any) -> bytes:
-        """The record that sets the root to ``state`` (checked as a commit's values are)."""
-        raise NotImplementedError
-
-    def set_whole(self, record: bytes, state: Any, *, track: bool) -> None:
-        """``record`` (a :meth:`whole_record` of ``state``) is committed: track
-        ``state`` from now on, or keep only the record (a small state).
-        """
-        raise NotImplementedError
-
-
-def _taken(shadow: Any, ops: list[list[Any]]) -> Iterator[Any]:
-    """The committed values ``ops`` replace, delete or cut off (for ``removed``)."""
-    for op in ops:
-        kind, path = op[0], op[1]
-        if kind == "ext" or not path:
-            continue
-        parent = shadow
-        for step in path[:-1]:
-            parent = parent[step]
-        last = path[-1]
-        if kind == "cut":
-            yield parent[last][op[2] :]
-        elif type(parent) is list or last in parent:  # not a new key
-            yield parent[last]
-
-
-def _encoded_size(value: Any) -> int:
-    return len(_COMPACT_JSON.encode(value))
-
-
-class _JSONFinder(_Finder):
-    """JSON states: the :class:`Tracker`'s ops, each changed value checked
-    (guarantee 9) where it sits, so an unchanged state costs no encode at all.
-    """
-
-    def __init__(self, serializer: Serializer, committed: Any) -> None:
-        self.serializer = serializer
-        self._tracker: Tracker | None = Tracker(committed)
-
-    def _tracked(self) -> Tracker:
-        if self._tracker is None:
-            self._tracker, self._record = Tracker(self.committed()), None
-        return self._tracker
-
-    def changes(self, state: Any) -> list[list[Any]]:
-        tracker = self._tracked()
-        ops = tracker.changes(state)
-        self.removed = sum(map(_encoded_size, _taken(tracker._shadow, ops)))
-        for op in ops:
-            if op[0] == "set":
-                value, kind = op[2], type(op[2])
-                if kind not in _SCALARS or (kind is float and value - value != 0):
-                    check_json(value, _path_text(op[1]), depth=len(op[1]))
-            elif op[0] == "ext":
-                target = state
-                for step in op[1]:
-                    target = target[step]
-                start = len(target) - len(op[2])
-                for i, value in enumerate(op[2], start):
-                    check_json(value, _path_text([*op[1], i]), depth=len(op[1]) + 1)
-        return ops
-
-    def encode(self, ops: list[list[Any]], state: Any) -> bytes:
-        """A record of ``ops``. The serializer checks them whole again: what a
-        value's own check cannot see is there (a tuple or int key in a path,
-        one dict put under two keys).
-        """
-        return self._named(self.serializer.dumps, ops, state)
-
-    def _named(self, dumps: Callable[[Any], bytes], value: Any, state: Any) -> bytes:
-        try:
-            return dumps(value)
-        except (SerializationError, TypeError, ValueError, RecursionError):
-            # What only the encoder sees (a lone surrogate): name it in the state.
-            _inner(self.serializer).dumps(state)
-            raise
-
-    def whole_record(self, state: Any) -> bytes:
-        if type(self.serializer) is not JSONSerializer:  # signed: its own bytes
-            return self._named(self.serializer.dumps, [["set", [], state]], state)
-        # The state is checked, not the op around it: a state nested as deep
-        # as format 1 takes is taken (the op adds two levels), and an error
-        # names the state's own path.
-        check_json(state)
-        return self._named(
-            lambda ops: _COMPACT_JSON.encode(ops).encode(), [["set", [], state]], state
-        )
-
-    def set_whole(self, record: bytes, state: Any, *, track: bool) -> None:
-        if track:
-            self._tracker, self._record = Tracker(state), None
-        else:
-            self._tracker, self._record = None, record
-
-    def commit(self, ops: list[list[Any]]) -> None:
-        self._tracked().commit(ops)
-
-    def committed(self) -> Any:
-        if self._tracker is None:
-            assert self._record is not None
-            return self.ops(self._record)[0][2]
-        return snapshot(self._tracker._shadow)
-
-    def ops(self, record: bytes) -> list[list[Any]]:
-        """A record's ops, values decoded."""
-        ops = self.serializer.loads(record)
-        if not isinstance(ops, list):
-            raise TypeError("a record is not a list of changes")
-        return ops
-
-    def journal_record(self, meta: list[Any], value: Any, path: str) -> bytes:
-        """A journal record of ``value`` as JSON gives it back (see ``plain_json``)."""
-        return self.serializer.dumps([[JOURNAL, meta, plain_json(value, path)]])
-
-
-def _pickled(value: Any) -> bytes:
-    """``value``'s pickle: the standard pickler where it can (several times faster
-    per small value), cloudpickle for what only it handles (lambdas, local classes).
-    """
-    try:
-        return pickle.dumps(value, pickle.HIGHEST_PROTOCOL)
-    except Exception:
-        import cloudpickle
-
-        return cloudpickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)  # type: ignore[no-any-return]
-
-
-class _PickleFinder(_Finder):
-    """Pickle states, at top-level granularity: for a dict state, each
-    top-level value is pickled and compared with its bytes at the last commit;
-    a top-level list, element by element (appends, edits, truncations). Ops
-    carry the values' pickles, and a failed attempt restarts from them.
-
-    Objects shared between top-level values (or list items) are pickled apart,
-    so after a resume they are equal copies, not one object.
-    """
-
-    def __init__(self, serializer: Serializer, committed: Any) -> None:
-        self.serializer = serializer
-        self.cache: dict[Any, bytes | list[bytes]] | bytes | None = {}
-        self._root: Any = None  # the state of the last changes(), for a root set
-        self._load_cache(committed)
-
-    def _cached(self) -> dict[Any, bytes | list[bytes]] | bytes:
-        if self.cache is None:
-            self._load_cache(self.committed())
-            self._record = None
-        assert self.cache is not None
-        return self.cache
-
-    def _load_cache(self, state: Any) -> None:
-        if type(state) is dict:
-            self.cache = {
-                k: [_pickled(x) for x in v] if type(v) is list else _pickled(v)
-                for k, v in state.items()
-            }
-        else:
-            self.cache = _pickled(state)
-
-    def changes(self, state: Any) -> list[list[Any]]:
-        from .serializers import PickleSerializer
-
-        try:
-            return self._ops(state)
-        except Exception:  # let the serializer name the value it cannot pickle
-            PickleSerializer().dumps(state)
-            raise
-
-    def encode(self, ops: list[list[Any]], state: Any) -> bytes:
-        return self.serializer.dumps(ops)
-
-    def whole_record(self, state: Any) -> bytes:
-        from .serializers import PickleSerializer
-
-        try:
-            blob = _pickled(state)
-        except Exception:  # let the serializer name the value it cannot pickle
-            PickleSerializer().dumps(state)
-            raise
-        return self.serializer.dumps([["set", [], blob]])
-
-    def set_whole(self, record: bytes, state: Any, *, track: bool) -> None:
-        if track:
-            self._load_cache(state)
-            self._record = None
-        else:
-            self.cache, self._record = None, record
-
-    def _ops(self, state: Any) -> list[list[Any]]:
-        cache = self._cached()
-        self._root = state
-        if type(state) is not dict or not isinstance(cache, dict):
-            whole = _pickled(state)
-            return [] if whole == cache else [["set", [], whole]]
-        kept = [k for k in cache if k in state]
-        if list(state)[: len(kept)] != kept:  # reordered: only the whole keeps the order
-            return [["set", [], _pickled(state)]]
-        ops: list[list[Any]] = [["del", [k]] for k in cache if k not in state]
-        removed = sum(_pickled_size(cache[k]) for k in cache if k not in state)
-        for key, value in state.items():
-            old = cache.get(key)
-            if type(value) is list and isinstance(old, list):
-                items = [_pickled(x) for x in value]
-                if len(items) < len(old):
-                    ops.append(["cut", [key], len(items)])
-                    removed += sum(map(len, old[len(items) :]))
-                edits = [i for i, b in enumerate(items[: len(old)]) if b != old[i]]
-                ops += [["set", [key, i], items[i]] for i in edits]
-                removed += sum(len(old[i]) for i in edits)
-                if len(items) > len(old):
-                    ops.append(["ext", [key], items[len(old) :]])
-            else:
-                blob = [_pickled(x) for x in value] if type(value) is list else _pickled(value)
-                if blob != old:
-                    ops.append(["set", [key], blob])
-                    removed += 0 if old is None else _pickled_size(old)
-        self.removed = removed
-        return ops
-
-    def commit(self, ops: list[list[Any]]) -> None:
-        if ops and ops[0][:2] == ["set", []]:  # a new root: cached per key from now on
-            self._load_cache(self._root)
-        elif ops:
-            self.cache = apply(self._cached(), _copy_ops(ops))
-
-    def committed(self) -> Any:
-        cache = self.cache
-        if cache is None:
-            assert self._record is not None
-            return self.ops(self._record)[0][2]
-        if not isinstance(cache, dict):
-            return pickle.loads(cache)  # noqa: S301 - our own bytes of this process
-        return {k: _unpickle(v) for k, v in cache.items()}
-
-    def ops(self, record: bytes) -> list[list[Any]]:
-        """A record's ops, values unpickled."""
-        ops = self.serializer.loads(record)
-        if not isinstance(ops, list):
-            raise TypeError("a record is not a list of changes")
-        return [[*op[:2], _unpickle(op[2])] if len(op) > 2 else op for op in ops]
-
-    def journal_record(self, meta: list[Any], value: Any, path: str) -> bytes:
-        """A journal record of ``value``: its own pickle inside the record."""
-        from .serializers import PickleSerializer
-
-        try:
-            blob = _pickled(value)
-        except Exception:  # let the serializer say what cannot be pickled
-            PickleSerializer().dumps(value)
-            raise
-        return self.serializer.dumps([[JOURNAL, meta, blob]])
-
-
-def _pickled_size(blob: bytes | list[bytes]) -> int:
-    return len(blob) if isinstance(blob, bytes) else sum(map(len, blob))
-
-
-def _copy_ops(ops: list[list[Any]]) -> list[list[Any]]:
-    """Ops whose list values are copies: the cache must not share them with the ops."""
-    return [[*op[:2], list(op[2])] if len(op) > 2 and type(op[2]) is list else op for op in ops]
-
-
-def _unpickle(value: Any) -> Any:
-    """A pickled value (or list of them) of a pickle record or cache."""
-    if isinstance(value, list):
-        return [pickle.loads(x) for x in value]  # noqa: S301 - verified with its record
-    if isinstance(value, bytes):
-        return pickle.loads(value)  # noqa: S301 - verified with its record
-    return value  # a "cut" length
-
-
 # --- the run's parts ------------------------------------------------------------
 
 
@@ -479,8 +161,8 @@ class Parts:
     def __init__(self, serializer: Serializer, workflow: str, run_id: str, committed: Any) -> None:
         self.serializer = serializer
         self.workflow, self.run_id = workflow, run_id
-        finder = _JSONFinder if _inner(serializer).name == "json" else _PickleFinder
-        self.finder: _JSONFinder | _PickleFinder = finder(serializer, committed)
+        finder = JSONFinder if inner(serializer).name == "json" else PickleFinder
+        self.finder: JSONFinder | PickleFinder = finder(serializer, committed)
         self.cached: dict[str, bytes | memoryview] = {}  # changes parts' payloads, by name
         self.journal: list[tuple[list[Any], bytes]] = []
         """The journal records of the step in progress found by a load, in

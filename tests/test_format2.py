@@ -18,8 +18,8 @@ from hypothesis import strategies as st
 
 import durable_steps as ds
 from durable_steps import _checkpoint as ckpt
+from durable_steps import _finders, cli
 from durable_steps import _format2 as f2
-from durable_steps import cli
 from durable_steps.testing import CrashingStore, SimulatedCrash
 from tests.conftest import StoreTarget, one_s3_kind_each
 from tests.crashchild import initial_state, workflow_name
@@ -124,13 +124,13 @@ def test_intent_writes_and_failures_do_not_re_encode_the_state(
     log: list[str] = []
 
     def spied(name: str) -> None:
-        original = getattr(f2._JSONFinder, name)
+        original = getattr(_finders.JSONFinder, name)
 
         def spy(*args: Any, **kwargs: Any) -> Any:
             log.append("encode")
             return original(*args, **kwargs)
 
-        monkeypatch.setattr(f2._JSONFinder, name, spy)
+        monkeypatch.setattr(_finders.JSONFinder, name, spy)
 
     for name in ("encode", "whole_record"):  # every way a commit encodes a JSON state
         spied(name)
