@@ -707,3 +707,43 @@ def test_wf_fork_in_process(tmp_path: Path) -> None:
         fixed.fork("src", "copy")
     with pytest.raises(ds.DurableStepsError, match="does not exist"):
         fixed.fork("nope", "other")
+
+
+def test_plan_calls_a_run_with_an_effect_in_doubt_in_doubt_and_names_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`plan` shows a stopped run whose journal holds an effect with an intent and no result
+    as in-doubt (as `ls` does), and names the effect, its step, and who decides.
+    """
+    from durable_steps import cli
+
+    (tmp_path / "doubtapp.py").write_text(
+        textwrap.dedent(
+            f"""
+            import durable_steps as ds
+            wf = ds.Workflow("doubt", store=ds.LocalStore({str(tmp_path / "s")!r}))
+
+            @wf.step()
+            def turn(state):
+                raise RuntimeError("stop here")
+            """
+        )
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import doubtapp  # type: ignore[import-not-found]
+
+    with pytest.raises(ds.StepFailed):
+        doubtapp.wf.run("r1", {})
+    store = doubtapp.wf.store
+    key = ckpt.checkpoint_key("doubt", "r1")
+    data, version = store.get(key)
+    header, payload = ckpt.decode(data, where=key)
+    journal = {"step": "turn", "iteration": 0, "calls": 0, "open": []}
+    journal["open"] = [{"name": "refund", "key": "ds-" + "0" * 40, "at": 1.0, "policy": "refire"}]
+    stopped = header.replace(status="running", owner=None, error=None, journal=journal)
+    store.put(key, ckpt.encode(stopped, payload), match=version)  # a killed owner's last write
+
+    assert cli.main(["--store", str(tmp_path / "s"), "plan", "--all", "--app", "doubtapp:wf"]) == 0
+    out = capsys.readouterr().out
+    assert "doubt/r1  in-doubt  resumes at step 'turn'" in out
+    assert "effect 'refund' of step 'turn' may have fired" in out

@@ -33,7 +33,7 @@ from ._base import (
     run_ref,
 )
 from ._format import Style, clean
-from ._runs import find_runs, load, locate, run_status
+from ._runs import find_runs, load, locate, open_effects, run_status
 from ._worker import _load_app
 
 __all__ = ["register"]
@@ -64,7 +64,9 @@ def _assess(workflow: Workflow, data: bytes, name: str, key: str) -> dict[str, A
         header, _ = ckpt.decode(data, where=where, run=name, signer=signer)
     except CorruptCheckpoint as exc:
         return _corrupt(name, exc.message)
-    status = run_status(header.status, header.owner, header.intent, since=header.updated_at)
+    status = run_status(
+        header.status, header.owner, header.intent, since=header.updated_at, journal=header.journal
+    )
     out: dict[str, Any] = {"run": name, "status": status}
     if header.status in _FINISHED:
         return {**out, "resumes": True, "next_step": None, "notes": ["finished: nothing to run"]}
@@ -80,6 +82,11 @@ def _assess(workflow: Workflow, data: bytes, name: str, key: str) -> dict[str, A
         notes.append(
             f"step {step!r} may have fired (its intent is pending): its in_doubt policy "
             "decides on resume"
+        )
+    for effect in open_effects(header.journal):
+        notes.append(
+            f"effect {effect['name']!r} of step {(header.journal or {}).get('step')!r} may have "
+            "fired (its intent is pending, no result): its in_doubt policy decides on resume"
         )
     return {
         **out,
