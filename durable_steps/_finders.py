@@ -197,6 +197,17 @@ def _pickled(value: Any) -> bytes:
         return cloudpickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)  # type: ignore[no-any-return]
 
 
+def _pickled_or_named(value: Any) -> bytes:
+    """:func:`_pickled`, or the serializer's error naming what cannot be pickled."""
+    try:
+        return _pickled(value)
+    except Exception:
+        from .serializers import PickleSerializer
+
+        PickleSerializer().dumps(value)  # raises, with the path of the value
+        raise
+
+
 class PickleFinder(Finder):
     """Pickle states, at top-level granularity: for a dict state, each
     top-level value is pickled and compared with its bytes at the last commit;
@@ -242,14 +253,7 @@ class PickleFinder(Finder):
         return self.serializer.dumps(ops)
 
     def whole_record(self, state: Any) -> bytes:
-        from .serializers import PickleSerializer
-
-        try:
-            blob = _pickled(state)
-        except Exception:  # let the serializer name the value it cannot pickle
-            PickleSerializer().dumps(state)
-            raise
-        return self.serializer.dumps([["set", [], blob]])
+        return self.serializer.dumps([["set", [], _pickled_or_named(state)]])
 
     def set_whole(self, record: bytes, state: Any, *, track: bool) -> None:
         if track:
@@ -313,14 +317,7 @@ class PickleFinder(Finder):
 
     def journal_record(self, meta: list[Any], value: Any, path: str) -> bytes:
         """A journal record of ``value``: its own pickle inside the record."""
-        from .serializers import PickleSerializer
-
-        try:
-            blob = _pickled(value)
-        except Exception:  # let the serializer say what cannot be pickled
-            PickleSerializer().dumps(value)
-            raise
-        return self.serializer.dumps([[JOURNAL, meta, blob]])
+        return self.serializer.dumps([[JOURNAL, meta, _pickled_or_named(value)]])
 
 
 def _pickled_size(blob: bytes | list[bytes]) -> int:

@@ -197,6 +197,14 @@ class Parts:
         self._grown += len(record)
         self._shrunk += self.finder.removed
 
+    def whole_record(self, state: Any) -> bytes:
+        """The finder's record of the whole ``state``, counted as its last
+        whole encoding (see :meth:`whole`).
+        """
+        record = self.finder.whole_record(state)
+        self.whole(len(record))
+        return record
+
     def small(self) -> bool:
         """Whether the next commit writes the state whole (see the module docstring)."""
         return self._whole <= WHOLE_UP_TO
@@ -205,12 +213,12 @@ class Parts:
         """The record that replaces ``tail`` and every part, setting the whole
         ``state``, if that is due and smaller (else None).
 
-        A small state changed in place (a counter, a note, a replaced reply)
-        would otherwise fill the tail with records that overwrite each other,
-        and the head every write carries would grow up to the threshold: for a
-        2 KB state, a 16 KB head instead of format 1's 3 KB. Rewritten whole,
-        the head stays within the state plus the slack, as in format 1, while
-        most commits still encode only their change.
+        A state above ``WHOLE_UP_TO`` changed in place (a counter, a note, a
+        replaced reply) would otherwise fill the tail with records that
+        overwrite each other, and the head every write carries would grow up
+        to the threshold. Rewritten whole, the head stays within the state
+        plus the slack, while most commits still encode only their change. A
+        state that shrank below ``WHOLE_UP_TO`` is written whole from now on.
         """
         due = self._recheck <= len(tail) and self._recheck < self.threshold()
         # A state that shrank to a small one (a transcript compacted), by the
@@ -218,8 +226,7 @@ class Parts:
         shrank = self._shrunk and self._whole + self._grown - self._shrunk <= WHOLE_UP_TO
         if not (due or shrank):
             return None
-        record = self.finder.whole_record(state)
-        self.whole(len(record))
+        record = self.whole_record(state)
         if len(record) <= WHOLE_UP_TO:
             return record  # small: written whole from now on
         if len(record) + 8 > (1 - _SLACK / 2) * min(len(tail), self.threshold()):

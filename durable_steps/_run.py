@@ -188,7 +188,7 @@ class RunState:
         pending = header.journal is not None
         whole, base, ops = None, None, []
         if parts.small() and not pending:
-            whole = parts.finder.whole_record(self.state)
+            whole = parts.whole_record(self.state)
         else:
             ops = parts.finder.changes(self.state)
             if not pending and len(ops) == 1 and ops[0][:2] == ["set", []]:  # a new root
@@ -196,7 +196,7 @@ class RunState:
                 # base (one encoded copy in memory), a small one is its record.
                 base = parts.base(header, self.state)
                 if len(base) < parts.threshold():
-                    base, whole = None, parts.finder.whole_record(self.state)
+                    base, whole = None, parts.whole_record(self.state)
             elif ops:  # one copy of the record, then it is let go
                 record = parts.finder.encode(ops, self.state)
                 parts.note(record)
@@ -207,7 +207,6 @@ class RunState:
                     whole = parts.collapse(tail, self.state)
         dropped: list[dict[str, Any]] = []
         if whole is not None:  # the tail and every part, replaced by the state
-            parts.whole(len(whole))  # not a change to count in the mean record
             tail, dropped = b"".join(f2.frame(whole)), list(header.parts)
             header = header.replace(parts=())
         if base is not None or len(tail) >= parts.threshold():
