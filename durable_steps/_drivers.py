@@ -138,7 +138,7 @@ def _perform(effect: Effect, store: Store) -> Any:  # noqa: PLR0911 - a return p
     if isinstance(effect, Delete):
         return store.delete(effect.key, match=effect.match)
     if isinstance(effect, Sweep):
-        return sweep(store, effect.prefix)
+        return _sweep(store, effect.prefix)
     if isinstance(effect, Call):
         result = effect.fn(*effect.args)
         if inspect.isawaitable(result):  # an async callable that looked sync
@@ -167,7 +167,7 @@ async def _perform_async(effect: Effect, store: Store) -> Any:
     return await asyncio.to_thread(_perform, effect, store)
 
 
-def sweep(store: Store, prefix: str) -> None:
+def _sweep(store: Store, prefix: str) -> None:
     """Call the store's optional ``sweep(prefix)`` (see :class:`Sweep`)."""
     method = getattr(store, "sweep", None)
     if callable(method):

@@ -259,12 +259,8 @@ class RunState:
 
     def clear_parts(self) -> Protocol[None]:
         """Delete everything under the run's ``parts/`` and ``signals/`` (after its tombstone)."""
-        workflow, run_id = self.plan.workflow, self.run_id
         try:
-            for prefix in (f2.parts_prefix(workflow, run_id), signals_prefix(workflow, run_id)):
-                for key in (yield ListKeys(prefix)):
-                    yield Delete(key, None)
-                yield Sweep(prefix)  # a killed writer's files, which no key lists
+            yield from clear_objects(self.plan.workflow, self.run_id)
         except StoreError as exc:
             logger.warning(
                 "run %s: could not delete its parts (%s); rm removes them", self.name, exc
@@ -430,6 +426,20 @@ class RunState:
 
         interval = self.plan.lease / 3
         return Heartbeat(interval, renew, self.name, first=self.owner.stamped + interval)
+
+
+def clear_objects(workflow: str, run_id: str) -> Protocol[int]:
+    """Delete everything under a run's ``parts/`` and ``signals/``, and what
+    killed writers left there that no key lists; how many parts there were.
+    """
+    count = 0
+    for prefix in (f2.parts_prefix(workflow, run_id), signals_prefix(workflow, run_id)):
+        keys = yield ListKeys(prefix)
+        for key in keys:
+            yield Delete(key, None)
+        yield Sweep(prefix)
+        count = count or len(keys)  # the first prefix's: the parts
+    return count
 
 
 def store_skew(store: Store) -> float | None:

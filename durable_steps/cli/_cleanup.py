@@ -26,9 +26,8 @@ from collections.abc import Callable
 from typing import Any
 
 from .. import _checkpoint as ckpt
-from .._drivers import sweep
-from .._format2 import parts_prefix
-from .._signals import signals_prefix
+from .._drivers import drive_sync
+from .._run import clear_objects
 from ..errors import CheckpointConflict
 from ..stores import ObjectInfo, Store
 from ._base import (
@@ -192,14 +191,7 @@ def _delete_parts(store: Store, workflow: str, run_id: str) -> int:
     its head listed, and any a crashed or fenced-off writer left behind); how many.
     Called once the head is deleted, never before (see the module docstring).
     """
-    found = list(store.list(parts_prefix(workflow, run_id)))
-    for info in found:
-        store.delete(info.key)
-    for info in list(store.list(signals_prefix(workflow, run_id))):
-        store.delete(info.key)
-    for prefix in (parts_prefix(workflow, run_id), signals_prefix(workflow, run_id)):
-        sweep(store, prefix)  # a killed writer's files, which no key lists
-    return len(found)
+    return drive_sync(clear_objects(workflow, run_id), store)
 
 
 def _prune_leftovers(store: Store, args: argparse.Namespace, now: float) -> int:
