@@ -95,16 +95,20 @@ def wait_for(journal: Journal, name: str, timeout: float | None) -> Any:
     hit = journal.begin(entry, "signal")
     if hit is not MISS:
         return hit
-    timed_out = SignalTimeout(
-        f"run {run.name}: step {journal.step!r}: signal {name!r} did not come within {timeout:g}s"
-        if timeout is not None
-        else f"run {run.name}: signal {name!r} timed out",
-        run=run.name,
-        step=journal.step,
-        signal=name,
-    )
+
+    def timed_out() -> SignalTimeout:  # made only when raised: most waits end otherwise
+        return SignalTimeout(
+            f"run {run.name}: step {journal.step!r}: signal {name!r} did not come within "
+            f"{timeout:g}s"
+            if timeout is not None
+            else f"run {run.name}: signal {name!r} timed out",
+            run=run.name,
+            step=journal.step,
+            signal=name,
+        )
+
     if journal.begin(f"timeout:{name}", "timeout") is not MISS:
-        raise timed_out  # recorded: a re-run takes the same branch, even if it came since
+        raise timed_out()  # recorded: a re-run takes the same branch, even if it came since
     deadline = None
     if timeout is not None:
         deadline = float(
@@ -116,7 +120,7 @@ def wait_for(journal: Journal, name: str, timeout: float | None) -> Any:
         return journal.finish(entry, "signal", None, payload)
     if deadline is not None and time.time() >= deadline:
         journal.finish(f"timeout:{name}", "timeout", None, True)
-        raise timed_out
+        raise timed_out()
     raise Suspend(deadline, name)
 
 
