@@ -12,7 +12,7 @@ import math
 import re
 import reprlib
 from collections.abc import Callable
-from typing import TYPE_CHECKING, TypeGuard
+from typing import TYPE_CHECKING, Any, TypeGuard
 
 if TYPE_CHECKING:
     from ._checkpoint import Checkpoint
@@ -104,14 +104,7 @@ def _journal_problem(journal: object, version: int) -> str | None:  # noqa: PLR0
     if not isinstance(opened, list):
         return "journal.open is not a list"
     for entry in opened:
-        if not (
-            isinstance(entry, dict)
-            and isinstance(entry.get("name"), str)
-            and _is_key(entry.get("key"))
-            and _is_time(entry.get("at"))
-            and entry.get("resolution") in (None, "fired", "not_fired")
-            and entry.get("policy") in (None, "refire", "raise", "reconcile")
-        ):
+        if not isinstance(entry, dict) or _shape_problem("open", entry, _EFFECT_INTENT):
             return f"journal.open entry {show(entry)} is not an effect intent"
     inline = journal.get("inline")
     if version == 1 and not (
@@ -141,12 +134,20 @@ def _record_problem(h: Checkpoint) -> str | None:
             continue
         if not isinstance(value, dict):
             return f"{name} is not an object"
-        for key, (check, required) in shape.items():
-            if key not in value:
-                if required:
-                    return f"{name}.{key} is missing"
-            elif not check(value[key]):
-                return f"{name}.{key} is {show(value[key])}"
+        problem = _shape_problem(name, value, shape)
+        if problem:
+            return problem
+    return None
+
+
+def _shape_problem(name: str, value: dict[str, Any], shape: _Shape) -> str | None:
+    """Which key of ``value`` (the field ``name``) does not fit ``shape``."""
+    for key, (check, required) in shape.items():
+        if key not in value:
+            if required:
+                return f"{name}.{key} is missing"
+        elif not check(value[key]):
+            return f"{name}.{key} is {show(value[key])}"
     return None
 
 
@@ -207,15 +208,26 @@ def _or_null(check: Callable[[object], bool]) -> Callable[[object], bool]:
 
 
 _REQUIRED_KEY, _OPTIONAL_KEY = True, False
-_SHAPES: dict[str, dict[str, tuple[Callable[[object], bool], bool]]] = {
+_Shape = dict[str, tuple[Callable[[object], bool], bool]]
+_RESOLUTION = _one_of("fired", "not_fired")
+_POLICY = _one_of("refire", "raise", "reconcile")
+_EFFECT_INTENT: _Shape = {
+    "name": (_is_str, _REQUIRED_KEY),
+    "key": (_is_key, _REQUIRED_KEY),
+    "at": (_is_time, _REQUIRED_KEY),
+    "resolution": (_or_null(_RESOLUTION), _OPTIONAL_KEY),
+    "policy": (_or_null(_POLICY), _OPTIONAL_KEY),
+}
+"""An entry of ``journal["open"]``: an effect's intent (see ``_journal``)."""
+_SHAPES: dict[str, _Shape] = {
     "intent": {
         "step": (_is_str, _REQUIRED_KEY),
         "index": (_is_count, _REQUIRED_KEY),
         "iteration": (_is_count, _REQUIRED_KEY),
         "key": (_is_key, _REQUIRED_KEY),
         "at": (_is_time, _REQUIRED_KEY),
-        "resolution": (_one_of("fired", "not_fired"), _OPTIONAL_KEY),
-        "policy": (_one_of("refire", "raise", "reconcile"), _OPTIONAL_KEY),
+        "resolution": (_RESOLUTION, _OPTIONAL_KEY),
+        "policy": (_POLICY, _OPTIONAL_KEY),
     },
     "wait": {
         "step": (_is_str, _REQUIRED_KEY),
