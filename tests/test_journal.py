@@ -515,3 +515,38 @@ def test_a_call_left_running_by_its_step_cannot_write_after_the_commit(tmp_path:
     assert head.status == "completed"
     assert head.journal is None
     assert wf.run("r") == {"x": 1}
+
+
+@pytest.mark.parametrize(
+    ("entry", "refused"),
+    [
+        ({"name": "refund", "key": "ds-k", "at": 1.0, "policy": "refire"}, False),
+        ({"name": "refund", "key": "ds-k", "at": 1.0, "resolution": None, "policy": None}, False),
+        ({"name": "refund", "key": "ds-k", "at": 1.0, "resolution": "fired"}, False),
+        ({"key": "ds-k", "at": 1.0}, True),
+        ({"name": "refund", "key": "", "at": 1.0}, True),
+        ({"name": "refund", "key": "ds-k", "at": -1}, True),
+        ({"name": "refund", "key": "ds-k", "at": 1.0, "resolution": "maybe"}, True),
+        ({"name": "refund", "key": "ds-k", "at": 1.0, "policy": "retry"}, True),
+        ("refund", True),
+    ],
+)
+def test_a_header_journal_open_entry_must_be_an_effect_intent(entry: Any, refused: bool) -> None:
+    """A header whose journal lists an open effect that is not an effect intent (no name,
+    a bad key, time, resolution or policy) is refused as corrupt; a well-formed one reads.
+    """
+    store = MemoryStore()
+    wf = ds.Workflow("shape", store=store)
+    wf.step(name="turn")(lambda s: None)
+    wf.run("r1", {})
+    key = ckpt.checkpoint_key("shape", "r1")
+    found = store.get(key)
+    assert found is not None
+    header, payload = ckpt.decode(found[0], where=key)
+    journal = {"step": "turn", "iteration": 0, "calls": 0, "open": [entry]}
+    data = ckpt.encode(header.replace(journal=journal), payload)
+    if refused:
+        with pytest.raises(ds.CorruptCheckpoint, match=r"journal\.open entry .* is not an effect"):
+            ckpt.decode(data, where=key)
+    else:
+        assert ckpt.decode(data, where=key)[0].journal == journal
