@@ -51,6 +51,11 @@ def test_ls_and_prune_sizes_count_the_head_and_its_parts(
     assert cli.main(["--store", url, "ls", "--json"]) == 0
     (listed,) = json.loads(capsys.readouterr().out)
     assert listed["size"] == sum(stored.values())
+    assert cli.main(["--store", url, "show", "chat/r", "--json"]) == 0
+    shown = json.loads(capsys.readouterr().out)
+    # The same total as ls, and the head's own bytes beside it.
+    head = stored["chat/r/checkpoint"]
+    assert (shown["size"], shown["head_size"]) == (sum(stored.values()), head)
     assert cli.main(["--store", url, "prune", "--completed", "--older-than", "0s"]) == 0
     assert human_size(sum(stored.values())) in capsys.readouterr().out
 

@@ -37,6 +37,7 @@ from ._format import (
     human_duration,
     human_size,
     json_text,
+    run_size,
     status_label,
     table,
     timestamp,
@@ -474,7 +475,14 @@ def _cmd_show(args: argparse.Namespace, store: Store, style: Style) -> int:
     )
     if args.json:
         raw = peek_header(data, header.workflow, header.run_id)
-        doc: dict[str, Any] = {"run": header.run, "size": len(data), "header": raw}
+        # ``size`` as ``ls --json`` has it (the head and the parts it lists),
+        # ``head_size`` the head object's own bytes.
+        doc: dict[str, Any] = {
+            "run": header.run,
+            "size": run_size(len(data), raw),
+            "head_size": len(data),
+            "header": raw,
+        }
         if args.state:
             doc["state"] = state
         print(json_text(doc))
