@@ -32,6 +32,16 @@ an old message becomes one ``set`` at its path; a list cut short, a ``cut``; a
 dict whose keys were reordered, or a list rewritten wholesale, one ``set`` of
 the whole value (never wrong, only less small). :func:`apply` replays ops on
 a decoded state. Neither does I/O or knows the format that stores the ops.
+
+A long list of dicts (a transcript) also gets an *index* (:class:`_Index`):
+its shadow's dicts flattened once into a list of their sizes, one of their
+keys and one of their values. The unchanged messages of the live list are
+then checked against three flat lists instead of a thousand shadow dicts,
+which halves what every commit reads (and it reads cold memory: the process
+has just slept in an fsync). The index is built when first needed and
+extended as the list grows; :class:`Tracker` drops it when a commit changes
+a covered message's own keys, and drops every index when a commit replaces
+or removes a container or cuts a list.
 """
 
 from __future__ import annotations
@@ -46,6 +56,7 @@ __all__ = ["Tracker", "apply", "diff", "snapshot"]
 Path = list[str | int]
 _MAX_DEPTH = 64  # below this, a changed value is replaced whole
 _CHUNK = 256  # pairs compared together (see _alike)
+_INDEX_FROM = 64  # lists of dicts this long get an _Index (shorter ones are as fast without)
 _LEAVES = (str, int, float, bool, type(None))
 
 
@@ -183,28 +194,125 @@ def _same(old: Any, new: Any) -> bool:
     return old is new or _alike([old], [new])
 
 
-def diff(old: Any, new: Any) -> list[list[Any]]:
-    """The ops that turn ``old`` (a shadow) into ``new``; empty if nothing changed."""
+class _Index:
+    """The shadow list ``source``'s first ``n`` items (all dicts), flattened:
+    their sizes, their keys and their values, in order.
+
+    ``live[:k]`` holds the same JSON values as ``source[:k]`` exactly when
+    every item is a dict of the same size, the keys are equal in order, and
+    each value is the very object the shadow shares (a leaf) or alike the
+    shadow's copy (a container, checked by :func:`_alike`). That is
+    :func:`_alike` for these pairs, with the shadow's side read once from
+    three flat lists.
+    """
+
+    __slots__ = ("ended", "keys", "n", "sizes", "source", "values")
+
+    def __init__(self, source: list[Any]) -> None:
+        self.source = source
+        self.n = 0
+        self.ended = False  # an item that is not a dict ends what it can cover
+        self.sizes: list[int] = []
+        self.keys: list[Any] = []
+        self.values: list[Any] = []
+        self.extend()
+
+    def extend(self) -> None:
+        """Cover the dicts appended to ``source`` since (up to its first non-dict)."""
+        if self.ended:
+            return
+        added = self.source[self.n :]
+        dicts = list(map(is_, map(type, added), repeat(dict)))
+        if not all(dicts):
+            added, self.ended = added[: dicts.index(False)], True
+        self.n += len(added)
+        self.sizes += map(len, added)
+        self.keys += chain.from_iterable(added)
+        self.values += chain.from_iterable(map(dict.values, added))
+
+    def covers(self, live: list[Any]) -> bool:
+        """Whether ``live`` (at most ``n`` items) is alike ``source[:len(live)]``."""
+        k = len(live)
+        if not all(map(is_, map(type, live), repeat(dict))):
+            return False
+        sizes = self.sizes if k == self.n else self.sizes[:k]
+        if list(map(len, live)) != sizes:
+            return False
+        whole = k == self.n
+        end = len(self.keys) if whole else sum(sizes)
+        if list(chain.from_iterable(live)) != (self.keys if whole else self.keys[:end]):
+            return False
+        values = list(chain.from_iterable(map(dict.values, live)))
+        shadow = self.values if whole else self.values[:end]
+        moved = list(map(is_not, shadow, values))
+        if not any(moved):  # the usual case: every value is the leaf the shadow shares
+            return True
+        return _alike(list(compress(shadow, moved)), list(compress(values, moved)))
+
+
+Indexes = dict[int, _Index]
+"""A :class:`Tracker`'s indexes, by ``id`` of the shadow list (each holds its list)."""
+
+
+def _indexed(old: list[Any], new: list[Any], indexes: Indexes | None) -> int:
+    """How many leading items of ``new`` an index shows alike ``old``'s (0: none known)."""
+    if indexes is None or len(old) < _INDEX_FROM:
+        return 0
+    index = indexes.get(id(old))
+    if index is None or index.source is not old:
+        index = indexes[id(old)] = _Index(old)
+    elif index.n < len(old):
+        index.extend()
+    k = min(index.n, len(new))
+    return k if k and index.covers(new[:k]) else 0
+
+
+def _same_list(old: list[Any], new: list[Any], indexes: Indexes) -> bool:
+    """:func:`_same` for a long shadow list, through its index."""
+    if len(old) != len(new):
+        return False
+    k = _indexed(old, new, indexes)
+    return _alike(old[k:], new[k:]) if k else _same(old, new)
+
+
+def diff(old: Any, new: Any, indexes: Indexes | None = None) -> list[list[Any]]:
+    """The ops that turn ``old`` (a shadow) into ``new``; empty if nothing changed.
+
+    ``indexes`` (a :class:`Tracker`'s) lets long lists of dicts in ``old`` be
+    checked through their :class:`_Index`; the ops are the same without it.
+    """
     ops: list[list[Any]] = []
-    if not _same(old, new):
-        _diff(old, new, [], ops, 0)
+    if indexes is not None and type(old) is type(new) and type(new) in (dict, list):
+        # Into the root's values at once (no ops when nothing changed), so that
+        # its long lists are checked through their indexes, not with the rest.
+        _diff(old, new, [], ops, 0, indexes=indexes)
+    elif not _same(old, new):
+        _diff(old, new, [], ops, 0, indexes=indexes)
     return ops
 
 
-def _diff(old: Any, new: Any, path: Path, ops: list[list[Any]], depth: int) -> None:
+def _diff(
+    old: Any, new: Any, path: Path, ops: list[list[Any]], depth: int, *, indexes: Indexes | None
+) -> None:
     """The ops for ``old`` and ``new``, known not to be the same (:func:`_same`)."""
     kind = type(new)
     if type(old) is not kind or depth >= _MAX_DEPTH or kind not in (dict, list):
         ops.append(["set", list(path), new])
         return
     if kind is dict:
-        _diff_dict(old, new, path, ops, depth)
+        _diff_dict(old, new, path, ops, depth, indexes=indexes)
     else:
-        _diff_list(old, new, path, ops, depth)
+        _diff_list(old, new, path, ops, depth, indexes=indexes)
 
 
 def _diff_dict(
-    old: dict[str, Any], new: dict[str, Any], path: Path, ops: list[list[Any]], depth: int
+    old: dict[str, Any],
+    new: dict[str, Any],
+    path: Path,
+    ops: list[list[Any]],
+    depth: int,
+    *,
+    indexes: Indexes | None,
 ) -> None:
     kept = [k for k in old if k in new]
     if list(new)[: len(kept)] != kept or not set(map(type, new)) <= {str}:
@@ -216,24 +324,53 @@ def _diff_dict(
     for key in old:
         if key not in new:
             ops.append(["del", [*path, key]])
-    for i in _differ([old[k] for k in kept], [new[k] for k in kept]):
-        _diff(old[kept[i]], new[kept[i]], [*path, kept[i]], ops, depth + 1)
+    for key in _changed_keys(old, new, kept, indexes):
+        _diff(old[key], new[key], [*path, key], ops, depth + 1, indexes=indexes)
     for key in list(new)[len(kept) :]:  # the new keys, after the kept ones (checked above)
         ops.append(["set", [*path, key], new[key]])
 
 
+def _changed_keys(
+    old: dict[str, Any], new: dict[str, Any], kept: list[str], indexes: Indexes | None
+) -> list[str]:
+    """The keys of ``kept`` whose values changed, in order: long lists through
+    their index, the other values together (:func:`_differ`).
+    """
+    long = set()
+    if indexes is not None:
+        long = {
+            k
+            for k in kept
+            if type(old[k]) is list and type(new[k]) is list and len(old[k]) >= _INDEX_FROM
+        }
+    if not long:
+        return [kept[i] for i in _differ([old[k] for k in kept], [new[k] for k in kept])]
+    assert indexes is not None
+    rest = [k for k in kept if k not in long]
+    changed = {rest[i] for i in _differ([old[k] for k in rest], [new[k] for k in rest])}
+    changed.update(k for k in long if not _same_list(old[k], new[k], indexes))
+    return [k for k in kept if k in changed]
+
+
 def _diff_list(
-    old: list[Any], new: list[Any], path: Path, ops: list[list[Any]], depth: int
+    old: list[Any],
+    new: list[Any],
+    path: Path,
+    ops: list[list[Any]],
+    depth: int,
+    *,
+    indexes: Indexes | None,
 ) -> None:
     common = min(len(old), len(new))
-    changed = _differ(old[:common], new[:common])
+    start = min(_indexed(old, new, indexes), common)  # an index vouches for these
+    changed = _differ(old[start:common], new[start:common], start)
     if len(changed) > 8 and len(changed) * 2 > common:  # rewritten, not edited: send it whole
         ops.append(["set", list(path), new])
         return
     if len(new) < len(old):
         ops.append(["cut", list(path), len(new)])
     for i in changed:
-        _diff(old[i], new[i], [*path, i], ops, depth + 1)
+        _diff(old[i], new[i], [*path, i], ops, depth + 1, indexes=indexes)
     if len(new) > len(old):
         ops.append(["ext", list(path), new[len(old) :]])
 
@@ -296,18 +433,55 @@ class Tracker:
 
     def __init__(self, committed: Any) -> None:
         self._shadow = snapshot(committed)
+        self._indexes: Indexes = {}
 
     def changes(self, state: Any) -> list[list[Any]]:
         """The ops that turn the last committed state into ``state``."""
-        return diff(self._shadow, state)
+        return diff(self._shadow, state, self._indexes)
 
     def commit(self, ops: list[list[Any]]) -> None:
         """Record that ``ops`` are now part of the committed state."""
         # The ops' values are the live objects: copy them structurally so a
         # later in-place change to the live state still shows as a change.
         copied = [[op[0], op[1], snapshot(op[2])] if len(op) > 2 else op for op in ops]
+        self._outdate(ops)
         self._shadow = apply(self._shadow, copied)
+
+    def _outdate(self, ops: list[list[Any]]) -> None:
+        """Drop the indexes ``ops`` (about to be applied to the shadow) make wrong.
+
+        An append leaves every index right: it covers a prefix. A cut, or a
+        container replaced or removed, drops them all (rebuilt when next
+        needed): the index of a list inside what goes would otherwise be kept
+        alive by it. A leaf set or deleted in a dict drops the index of the
+        list holding that dict, if it covers the dict. A leaf changed deeper
+        leaves it right: an index holds the shadow's nested containers, not
+        their contents.
+        """
+        indexes = self._indexes
+        for op in ops:
+            if not indexes:
+                return
+            kind, path = op[0], op[1]
+            if kind == "ext":
+                continue
+            if kind not in ("set", "del") or not path:  # a cut, the root replaced
+                indexes.clear()
+                return
+            parent, grand = self._shadow, None
+            for step in path[:-1]:
+                parent, grand = parent[step], parent
+            last = path[-1]
+            replaced = parent[last] if type(parent) is list or last in parent else None
+            if type(replaced) in (dict, list):
+                indexes.clear()
+                return
+            if type(grand) is list:
+                index = indexes.get(id(grand))
+                if index is not None and index.source is grand and path[-2] < index.n:
+                    del indexes[id(grand)]
 
     def reset(self, committed: Any) -> None:
         """Start over from ``committed`` (after a failed attempt, a resume)."""
         self._shadow = snapshot(committed)
+        self._indexes.clear()

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
+from collections.abc import Iterator
 from typing import Any
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -169,24 +172,176 @@ def _move(state: dict[str, Any], kind: str, at: int, value: Any) -> None:
         message["content"] = value
 
 
+@contextlib.contextmanager
+def indexed_from(length: int) -> Iterator[None]:
+    """Lists of dicts from ``length`` items on are checked through an index."""
+    saved = _delta._INDEX_FROM
+    _delta._INDEX_FROM = length
+    try:
+        yield
+    finally:
+        _delta._INDEX_FROM = saved
+
+
+@pytest.mark.parametrize("index_from", [1, _delta._INDEX_FROM])
 @settings(max_examples=300)
 @given(in_place())
 def test_in_place_edits_of_shared_objects_rebuild_exactly(
-    case: tuple[Any, list[tuple[str, int, Any]]],
+    index_from: int, case: tuple[Any, list[tuple[str, int, Any]]]
 ) -> None:
     """Edits made in place on objects whose leaves the shadow shares (types, key
-    order, nesting, cuts) are all found, commit after commit.
+    order, nesting, cuts) are all found, commit after commit; with every list
+    of dicts indexed (1) and as shipped.
     """
     state, moves = case
     stored = json.loads(encode(state))
+    with indexed_from(index_from):
+        tracker = Tracker(state)
+        for kind, at, value in moves:
+            _move(state, kind, at, value)
+            ops = tracker.changes(state)
+            stored = apply(stored, json.loads(encode(ops)))
+            tracker.commit(ops)
+            assert encode(stored) == encode(state)
+            assert tracker.changes(state) == []
+
+
+@pytest.mark.parametrize("index_from", [1, _delta._INDEX_FROM])
+@settings(max_examples=200)
+@given(edits(), edits())
+def test_a_tracker_follows_any_sequence_of_states(
+    index_from: int, first: tuple[Any, Any], second: tuple[Any, Any]
+) -> None:
+    """One Tracker through four unrelated states: every commit's ops rebuild it."""
+    states = [*first, *second]
+    stored = json.loads(encode(states[0]))
+    with indexed_from(index_from):
+        tracker = Tracker(states[0])
+        for state in states[1:]:
+            ops = tracker.changes(state)
+            stored = apply(stored, json.loads(encode(ops)))
+            tracker.commit(ops)
+            assert encode(stored) == encode(state)
+            assert tracker.changes(state) == []
+
+
+def transcript(length: int) -> dict[str, Any]:
+    return {
+        "n": 0,
+        "messages": [
+            {"role": "user", "content": f"m{k}", "tokens": k, "blocks": [{"text": "t"}]}
+            for k in range(length)
+        ],
+    }
+
+
+@pytest.mark.parametrize(
+    ("edit", "op"),
+    [
+        (lambda m: m[3].update(tokens=True), ["set", ["messages", 3, "tokens"], True]),
+        (lambda m: m[3].update(tokens=3.0), ["set", ["messages", 3, "tokens"], 3.0]),
+        (lambda m: m[5].update(role=m[5].pop("role")), None),  # a key moved to the end
+        (
+            lambda m: m[7]["blocks"][0].update(text="u"),
+            ["set", ["messages", 7, "blocks", 0, "text"], "u"],
+        ),
+        (
+            lambda m: m[9]["blocks"].append({"text": "v"}),
+            ["ext", ["messages", 9, "blocks"], [{"text": "v"}]],
+        ),
+        (lambda m: m[2].pop("tokens"), ["del", ["messages", 2, "tokens"]]),
+        (lambda m: m.__setitem__(4, "not a dict"), ["set", ["messages", 4], "not a dict"]),
+    ],
+)
+def test_an_indexed_transcript_still_sees_every_change_to_an_old_message(
+    edit: Any, op: Any
+) -> None:
+    """A transcript long enough for an index, its old messages edited in place
+    after a few commits: each edit is found exactly, and so are the next ones.
+    """
+    state = transcript(200)
+    stored = json.loads(encode(state))
     tracker = Tracker(state)
-    for kind, at, value in moves:
-        _move(state, kind, at, value)
+    for k in range(3):  # the index is built and extended by these commits
+        reply = {"role": "assistant", "content": f"r{k}", "tokens": 0, "blocks": []}
+        state["messages"].append(reply)
         ops = tracker.changes(state)
         stored = apply(stored, json.loads(encode(ops)))
         tracker.commit(ops)
+    assert id(tracker._shadow["messages"]) in tracker._indexes
+    edit(state["messages"])
+    ops = tracker.changes(state)
+    if op is not None:
+        assert ops == [op]
+    stored = apply(stored, json.loads(encode(ops)))
+    tracker.commit(ops)
+    assert encode(stored) == encode(state)
+    state["messages"][1]["tokens"] = -1  # and the index still sees the next edit
+    ops = tracker.changes(state)
+    assert ops == [["set", ["messages", 1, "tokens"], -1]]
+    stored = apply(stored, json.loads(encode(ops)))
+    assert encode(stored) == encode(state)
+
+
+def test_an_edit_undone_after_its_commit_is_a_change_too() -> None:
+    """An old message edited, committed, then set back to its first value (the
+    very object it held) differs from the last commit: the index that knew the
+    first value must not vouch for it.
+    """
+    state = transcript(100)
+    first = state["messages"][3]["content"]
+    stored = json.loads(encode(state))
+    tracker = Tracker(state)
+    assert tracker.changes(state) == []  # the index is built here
+    for value in ("edited", first):
+        state["messages"][3]["content"] = value
+        ops = tracker.changes(state)
+        assert ops == [["set", ["messages", 3, "content"], value]]
+        stored = apply(stored, json.loads(encode(ops)))
+        tracker.commit(ops)
+    assert encode(stored) == encode(state)
+
+
+@pytest.mark.parametrize("where", ["message", "value"])
+def test_a_replaced_container_put_back_after_its_commit_is_a_change_too(where: str) -> None:
+    """An old message (or a container in one) replaced, committed, then put
+    back (the very object, with the leaves the index knew): a change again.
+    """
+    state = transcript(100)
+    stored = json.loads(encode(state))
+    tracker = Tracker(state)
+    assert tracker.changes(state) == []  # the index is built here
+    holder, key = (state["messages"], 3) if where == "message" else (state["messages"][3], "blocks")
+    original = holder[key]
+    for value in ("gone" if where == "message" else "none", original):
+        holder[key] = value
+        ops = tracker.changes(state)
+        stored = apply(stored, json.loads(encode(ops)))
+        tracker.commit(ops)
+        assert ops
         assert encode(stored) == encode(state)
-        assert tracker.changes(state) == []
+
+
+def test_an_index_goes_with_its_list() -> None:
+    """Replacing or cutting an indexed list drops the indexes (none keeps an old
+    list alive); an append keeps its index and extends it.
+    """
+    state = transcript(100)
+    tracker = Tracker(state)
+    assert tracker.changes(state) == []
+    (index,) = tracker._indexes.values()
+    state["messages"].append({"role": "assistant"})
+    tracker.commit(tracker.changes(state))
+    assert tracker.changes(state) == []
+    assert list(tracker._indexes.values()) == [index]
+    assert index.n == 101
+    del state["messages"][50:]
+    tracker.commit(tracker.changes(state))
+    assert tracker._indexes == {}
+    assert tracker.changes(state) == []  # rebuilt for the shorter list
+    state["messages"] = transcript(80)["messages"]
+    tracker.commit(tracker.changes(state))
+    assert tracker._indexes == {}
 
 
 def _python_calls(fn: Any) -> int:
