@@ -33,9 +33,11 @@ dict whose keys were reordered, or a list rewritten wholesale, one ``set`` of
 the whole value (never wrong, only less small). :func:`apply` replays ops on
 a decoded state. Neither does I/O or knows the format that stores the ops.
 
-A long list of dicts (a transcript) also gets an *index* (:class:`_Index`):
-its shadow's dicts flattened once into a list of their sizes, one of their
-keys and one of their values. The unchanged messages of the live list are
+A long list of dicts (a transcript: at least ``_INDEX_FROM`` items, the
+root itself or a value of a dict the finder looks into — the root, or any
+dict that changed) also gets an *index* (:class:`_Index`): its shadow's
+dicts flattened once into a list of their sizes, one of their keys and one
+of their values. The unchanged messages of the live list are
 then checked against three flat lists instead of a thousand shadow dicts,
 which halves what every commit reads (and it reads cold memory: the process
 has just slept in an fsync). The index is built when first needed and
