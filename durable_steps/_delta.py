@@ -230,6 +230,12 @@ class _Index:
         self.keys += chain.from_iterable(added)
         self.values += chain.from_iterable(map(dict.values, added))
 
+    def cut(self, n: int) -> None:
+        """Cover only the first ``n`` items (:meth:`extend` covers the rest again)."""
+        end = sum(self.sizes[:n])
+        del self.sizes[n:], self.keys[end:], self.values[end:]
+        self.n, self.ended = n, False
+
     def covers(self, live: list[Any]) -> bool:
         """Whether ``live`` (at most ``n`` items) is alike ``source[:len(live)]``."""
         k = len(live)
@@ -453,8 +459,10 @@ class Tracker:
         An append leaves every index right: it covers a prefix. A cut, or a
         container replaced or removed, drops them all (rebuilt when next
         needed): the index of a list inside what goes would otherwise be kept
-        alive by it. A leaf set or deleted in a dict drops the index of the
-        list holding that dict, if it covers the dict. A leaf changed deeper
+        alive by it. A leaf set or deleted in a dict the index of the list
+        holding it covers cuts that index short of the dict: an agent that
+        updates its last message every step must not have the whole
+        transcript flattened again every commit. A leaf changed deeper
         leaves it right: an index holds the shadow's nested containers, not
         their contents.
         """
@@ -479,7 +487,7 @@ class Tracker:
             if type(grand) is list:
                 index = indexes.get(id(grand))
                 if index is not None and index.source is grand and path[-2] < index.n:
-                    del indexes[id(grand)]
+                    index.cut(path[-2])
 
     def reset(self, committed: Any) -> None:
         """Start over from ``committed`` (after a failed attempt, a resume)."""
