@@ -508,3 +508,31 @@ def test_a_tracker_follows_random_mutations_of_an_indexed_list(
             assert tracker.changes(state) == []
             shadow = {id(c) for c in _containers(tracker._shadow)}
             assert all(id(index.source) in shadow for index in tracker._indexes.values())
+
+
+@pytest.mark.parametrize(
+    "edit",
+    [
+        lambda m: m.update(content="edited"),
+        lambda m: m.update(tokens=float(m["tokens"])),  # equal, another type
+        lambda m: m.update(role=m.pop("role")),  # the same keys, another order
+        lambda m: m["blocks"][0].update(text="u"),  # deep inside a value the index holds
+        lambda m: m.pop("blocks"),
+    ],
+)
+def test_an_index_vouches_for_the_messages_before_an_edited_one(edit: Any) -> None:
+    """A message edited in place (its keys, its values, deep inside one) ends
+    what the index vouches for there, not at 0: the messages before it are not
+    compared again, and the change is still found exactly.
+    """
+    state = transcript(100)
+    stored = json.loads(encode(state))
+    tracker = Tracker(state)
+    assert tracker.changes(state) == []  # the index is built here
+    edit(state["messages"][80])
+    assert _delta._indexed(tracker._shadow["messages"], state["messages"], tracker._indexes) == 80
+    ops = tracker.changes(state)
+    assert ops
+    assert all(op[1][:2] == ["messages", 80] for op in ops)
+    stored = apply(stored, json.loads(encode(ops)))
+    assert encode(stored) == encode(state)
