@@ -41,16 +41,18 @@ of their values. The unchanged messages of the live list are
 then checked against three flat lists instead of a thousand shadow dicts,
 which halves what every commit reads (and it reads cold memory: the process
 has just slept in an fsync). The index is built when first needed and
-extended as the list grows; :class:`Tracker` drops it when a commit changes
-a covered message's own keys, and drops every index when a commit replaces
-or removes a container or cuts a list.
+extended as the list grows; it vouches for the messages before the first
+changed one. :class:`Tracker` cuts it short of a message whose own keys a
+commit changes, and drops every index when a commit replaces or removes a
+container or cuts a list.
 """
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from collections.abc import Iterator
-from itertools import chain, compress, repeat
-from operator import is_, is_not
+from itertools import accumulate, chain, compress, repeat
+from operator import is_, is_not, ne
 from typing import Any
 
 __all__ = ["Tracker", "apply", "diff", "snapshot"]
@@ -232,24 +234,39 @@ class _Index:
         self.keys += chain.from_iterable(added)
         self.values += chain.from_iterable(map(dict.values, added))
 
-    def covers(self, live: list[Any]) -> bool:
-        """Whether ``live`` (at most ``n`` items) is alike ``source[:len(live)]``."""
-        k = len(live)
-        if not all(map(is_, map(type, live), repeat(dict))):
-            return False
+    def cut(self, n: int) -> None:
+        """Cover only the first ``n`` items (:meth:`extend` covers the rest again)."""
+        end = sum(self.sizes[:n])
+        del self.sizes[n:], self.keys[end:], self.values[end:]
+        self.n, self.ended = n, False
+
+    def covered(self, live: list[Any]) -> int:
+        """How many leading items of ``live`` (at most ``n``) are alike ``source``'s.
+
+        Not all or nothing: an agent that edits its last message every step
+        must still have the messages before it vouched for.
+        """
+        kinds = list(map(is_, map(type, live), repeat(dict)))
+        k = kinds.index(False) if not all(kinds) else len(live)
         sizes = self.sizes if k == self.n else self.sizes[:k]
-        if list(map(len, live)) != sizes:
-            return False
-        whole = k == self.n
-        end = len(self.keys) if whole else sum(sizes)
-        if list(chain.from_iterable(live)) != (self.keys if whole else self.keys[:end]):
-            return False
-        values = list(chain.from_iterable(map(dict.values, live)))
-        shadow = self.values if whole else self.values[:end]
+        lens = list(map(len, live[:k]))
+        if lens != sizes:
+            k = list(map(ne, lens, sizes)).index(True)
+            sizes = sizes[:k]
+        ends = list(accumulate(sizes))  # where each item's keys end in the flat lists
+        end = ends[-1] if ends else 0
+        keys = list(chain.from_iterable(live[:k]))
+        known = self.keys if end == len(self.keys) else self.keys[:end]
+        if keys != known:  # an item's keys differ: it, and what follows, are not vouched for
+            end = list(map(ne, keys, known)).index(True)
+        values = list(chain.from_iterable(map(dict.values, live[:k])))[:end]
+        shadow = self.values if end == len(self.values) else self.values[:end]
         moved = list(map(is_not, shadow, values))
-        if not any(moved):  # the usual case: every value is the leaf the shadow shares
-            return True
-        return _alike(list(compress(shadow, moved)), list(compress(values, moved)))
+        if any(moved):  # else the usual case: every value is the leaf the shadow shares
+            differ = _differ(list(compress(shadow, moved)), list(compress(values, moved)))
+            if differ:
+                end = min(end, list(compress(range(end), moved))[differ[0]])
+        return bisect_right(ends, end) if end < (ends[-1] if ends else 0) else k
 
 
 Indexes = dict[int, _Index]
@@ -266,15 +283,7 @@ def _indexed(old: list[Any], new: list[Any], indexes: Indexes | None) -> int:
     elif index.n < len(old):
         index.extend()
     k = min(index.n, len(new))
-    return k if k and index.covers(new[:k]) else 0
-
-
-def _same_list(old: list[Any], new: list[Any], indexes: Indexes) -> bool:
-    """:func:`_same` for a long shadow list, through its index."""
-    if len(old) != len(new):
-        return False
-    k = _indexed(old, new, indexes)
-    return _alike(old[k:], new[k:]) if k else _same(old, new)
+    return index.covered(new[:k]) if k else 0
 
 
 def diff(old: Any, new: Any, indexes: Indexes | None = None) -> list[list[Any]]:
@@ -326,7 +335,8 @@ def _diff_dict(
     for key in old:
         if key not in new:
             ops.append(["del", [*path, key]])
-    for key in _changed_keys(old, new, kept, indexes):
+    deep = depth + 1 >= _MAX_DEPTH  # a changed value goes whole there: no index to look through
+    for key in _changed_keys(old, new, kept, None if deep else indexes):
         _diff(old[key], new[key], [*path, key], ops, depth + 1, indexes=indexes)
     for key in list(new)[len(kept) :]:  # the new keys, after the kept ones (checked above)
         ops.append(["set", [*path, key], new[key]])
@@ -335,8 +345,9 @@ def _diff_dict(
 def _changed_keys(
     old: dict[str, Any], new: dict[str, Any], kept: list[str], indexes: Indexes | None
 ) -> list[str]:
-    """The keys of ``kept`` whose values changed, in order: long lists through
-    their index, the other values together (:func:`_differ`).
+    """The keys of ``kept`` whose values changed, in order: the other values
+    checked together (:func:`_differ`); long lists always, as :func:`_diff_list`
+    checks them through their index once (it finds no ops in an unchanged one).
     """
     long = set()
     if indexes is not None:
@@ -350,7 +361,7 @@ def _changed_keys(
     assert indexes is not None
     rest = [k for k in kept if k not in long]
     changed = {rest[i] for i in _differ([old[k] for k in rest], [new[k] for k in rest])}
-    changed.update(k for k in long if not _same_list(old[k], new[k], indexes))
+    changed.update(long)  # _diff_list finds their changes through the index, or none
     return [k for k in kept if k in changed]
 
 
@@ -455,8 +466,10 @@ class Tracker:
         An append leaves every index right: it covers a prefix. A cut, or a
         container replaced or removed, drops them all (rebuilt when next
         needed): the index of a list inside what goes would otherwise be kept
-        alive by it. A leaf set or deleted in a dict drops the index of the
-        list holding that dict, if it covers the dict. A leaf changed deeper
+        alive by it. A leaf set or deleted in a dict the index of the list
+        holding it covers cuts that index short of the dict: an agent that
+        updates its last message every step must not have the whole
+        transcript flattened again every commit. A leaf changed deeper
         leaves it right: an index holds the shadow's nested containers, not
         their contents.
         """
@@ -481,7 +494,7 @@ class Tracker:
             if type(grand) is list:
                 index = indexes.get(id(grand))
                 if index is not None and index.source is grand and path[-2] < index.n:
-                    del indexes[id(grand)]
+                    index.cut(path[-2])
 
     def reset(self, committed: Any) -> None:
         """Start over from ``committed`` (after a failed attempt, a resume)."""

@@ -393,3 +393,146 @@ def test_finding_an_append_does_not_walk_the_transcript_in_python() -> None:
     short, long = calls(100), calls(10_000)
     assert long[0] - short[0] <= 10_000 // 32
     assert long[1] - short[1] <= 10_000 // 32
+
+
+def test_an_edit_of_the_last_message_keeps_the_index_of_those_before_it() -> None:
+    """An agent that updates its last message's own key every step keeps the
+    index of the transcript (cut short of that message, not rebuilt), and the
+    next edits are still found exactly.
+    """
+    state = transcript(100)
+    stored = json.loads(encode(state))
+    tracker = Tracker(state)
+    assert tracker.changes(state) == []  # the index is built here
+    (index,) = tracker._indexes.values()
+    for k in range(3):
+        state["messages"].append({"role": "assistant", "content": f"r{k}", "tokens": 0})
+        state["messages"][-2]["tokens"] = -k
+        ops = tracker.changes(state)
+        stored = apply(stored, json.loads(encode(ops)))
+        tracker.commit(ops)
+        assert encode(stored) == encode(state)
+        assert list(tracker._indexes.values()) == [index]
+        assert index.n == len(state["messages"]) - 2
+    state["messages"][-2]["tokens"] = True  # 0 -> True on a message the index re-covers
+    ops = tracker.changes(state)
+    assert ops == [["set", ["messages", 101, "tokens"], True]]
+    stored = apply(stored, json.loads(encode(ops)))
+    assert encode(stored) == encode(state)
+
+
+def _containers(value: Any) -> list[Any]:
+    """Every dict and list in ``value``, outermost first."""
+    found, stack = [], [value]
+    while stack:
+        item = stack.pop()
+        if type(item) in (dict, list):
+            found.append(item)
+            stack.extend(item.values() if type(item) is dict else item)
+    return found
+
+
+_RETYPED = {int: float, bool: int, float: lambda x: -x if x == 0 else int(x)}
+
+
+@st.composite
+def mutations(draw: st.DrawFn, root: Any, kept: list[Any]) -> None:
+    """One in-place mutation of a random container of ``root``: appends, cuts,
+    inserts, pops, reversals, retypes, reorders, deletes, and objects taken out
+    earlier (``kept``) put back, possibly in two places at once.
+    """
+    holder = draw(st.sampled_from(_containers(root)))
+    # Never an object that holds ``holder``: a cycle is not a JSON state.
+    back = [v for v in kept if all(c is not holder for c in _containers(v))]
+    new = draw(st.one_of(values, st.sampled_from(back) if back else values))
+    kind = draw(st.integers(0, 9))
+    if type(holder) is list:
+        if kind < 3 or not holder:
+            holder.append(new if kind else {"k": new})
+            return
+        at = draw(st.integers(0, len(holder) - 1))
+        if kind < 5:
+            kept.append(holder[at])
+            holder[at] = new
+        elif kind == 5:
+            del holder[at:]
+        elif kind == 6:
+            holder.insert(at, {"k": new})
+        elif kind == 7:
+            holder.reverse()
+        else:
+            kept.append(holder.pop(at))
+        return
+    if kind < 3 or not holder:
+        holder[draw(st.sampled_from(["k", "m", "x", "content"]))] = new
+        return
+    key = draw(st.sampled_from(list(holder)))
+    old = holder[key]
+    if kind < 5:
+        kept.append(old)
+        holder[key] = new
+    elif kind == 5:
+        holder[key] = holder.pop(key)  # the same key and value, moved to the end
+    elif kind == 6:
+        kept.append(holder.pop(key))
+    elif type(old) in _RETYPED:
+        holder[key] = _RETYPED[type(old)](old)
+    else:
+        holder[key] = draw(leaves)
+
+
+@pytest.mark.parametrize(("index_from", "lengths"), [(1, [0, 2, 5]), (64, [63, 64, 65])])
+@settings(max_examples=200, deadline=None)
+@given(data=st.data())
+def test_a_tracker_follows_random_mutations_of_an_indexed_list(
+    index_from: int, lengths: list[int], data: st.DataObject
+) -> None:
+    """Random in-place mutations anywhere in a state holding a list of dicts
+    (or being one), commit after commit: the ops rebuild it byte for byte, are
+    empty right after, and no index outlives its list in the shadow.
+    """
+    length = data.draw(st.sampled_from(lengths))
+    messages = [{"k": i, "v": [i] if i % 2 else 0.0} for i in range(length)]
+    state: Any = messages if data.draw(st.booleans()) else {"n": 1, "messages": messages}
+    stored = json.loads(encode(state))
+    kept: list[Any] = []
+    with indexed_from(index_from):
+        tracker = Tracker(state)
+        for _ in range(data.draw(st.integers(1, 8))):
+            for _ in range(data.draw(st.integers(1, 3))):
+                data.draw(mutations(state, kept))
+            ops = tracker.changes(state)
+            stored = apply(stored, json.loads(encode(ops)))
+            tracker.commit(ops)
+            assert encode(stored) == encode(state)
+            assert tracker.changes(state) == []
+            shadow = {id(c) for c in _containers(tracker._shadow)}
+            assert all(id(index.source) in shadow for index in tracker._indexes.values())
+
+
+@pytest.mark.parametrize(
+    "edit",
+    [
+        lambda m: m.update(content="edited"),
+        lambda m: m.update(tokens=float(m["tokens"])),  # equal, another type
+        lambda m: m.update(role=m.pop("role")),  # the same keys, another order
+        lambda m: m["blocks"][0].update(text="u"),  # deep inside a value the index holds
+        lambda m: m.pop("blocks"),
+    ],
+)
+def test_an_index_vouches_for_the_messages_before_an_edited_one(edit: Any) -> None:
+    """A message edited in place (its keys, its values, deep inside one) ends
+    what the index vouches for there, not at 0: the messages before it are not
+    compared again, and the change is still found exactly.
+    """
+    state = transcript(100)
+    stored = json.loads(encode(state))
+    tracker = Tracker(state)
+    assert tracker.changes(state) == []  # the index is built here
+    edit(state["messages"][80])
+    assert _delta._indexed(tracker._shadow["messages"], state["messages"], tracker._indexes) == 80
+    ops = tracker.changes(state)
+    assert ops
+    assert all(op[1][:2] == ["messages", 80] for op in ops)
+    stored = apply(stored, json.loads(encode(ops)))
+    assert encode(stored) == encode(state)
