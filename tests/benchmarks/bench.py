@@ -411,7 +411,9 @@ def measure_pair(
     if "ds_f1" in med:
         out["format1_step_s"] = med["ds_f1"]["trimmed"]
         out["format1_ratio"] = med["ds_f1"]["trimmed"] / med["hand"]["trimmed"]
-        f1_pairs = [d / f for d, f in zip(per["ds"]["trimmed"], per["ds_f1"]["trimmed"], strict=True)]
+        f1_pairs = [
+            d / f for d, f in zip(per["ds"]["trimmed"], per["ds_f1"]["trimmed"], strict=True)
+        ]
         out["ratio_vs_format1"] = statistics.median(f1_pairs)
     return out
 
