@@ -373,9 +373,7 @@ def measure_pair(
             gc.collect()
             if which in ("ds", "ds_f1"):
                 run_id = f"ovh-{tag}" if which == "ds" else f"ovh1-{tag}"
-                got[which] = ds_round(
-                    backend.store, state, steps, run_id, format1=which == "ds_f1"
-                )
+                got[which] = ds_round(backend.store, state, steps, run_id, format1=which == "ds_f1")
             else:
                 writer = backend.hand_writer(tag, cas=which == "hand_cas")
                 got[which] = hand_round(writer, state, steps)
