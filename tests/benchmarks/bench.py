@@ -6,7 +6,7 @@ Run it as a script (it is not a test; ``conftest.py`` here keeps pytest out)::
         [--only overhead,budget,growth,recovery,heartbeat,resume,memory,breakdown,calls]
         [--dir DIR] [--no-s3] [--strict]
 
-About 4.5 minutes on 2 cores with format 1 (``--quick``: about a minute).
+About 5 minutes on 2 cores (``--quick``: about a minute).
 SeaweedFS and moto are started on loopback by ``tests/s3servers.py`` and stopped at the end. Without
 ``--json`` the results go to a file in the temp directory (the path is printed).
 The process exits 1 when a 2 KB overhead target is missed (``--strict``: when
