@@ -239,27 +239,52 @@ class Parts:
         self._mean += (len(record) + 8 - self._mean) / self._count
 
     def plan(
-        self, header: ckpt.Checkpoint, tail: bytes, state: Any | None, *, rebase: bool
+        self,
+        header: ckpt.Checkpoint,
+        tail: bytes,
+        state: Any | None,
+        *,
+        rebase: bool,
+        balance: bool | None = None,
     ) -> tuple[str, bytes, list[dict[str, Any]]]:
         """The part a flush writes: ``(kind, payload, parts it replaces)``.
 
-        ``rebase`` allows a new base (the whole ``state``, encoded): never from
-        a renewal, which runs while the step changes the live state.
+        ``rebase`` allows a new base (the whole ``state``, encoded): only from
+        a commit, never while a step runs (it changes the live state, and its
+        journal's records may sit in the parts a base would replace).
+        ``balance`` (default: ``rebase``) merges the last two changes parts
+        once the newer outgrows the older, keeping their sizes geometric; a
+        journal write balances too, and the commit after it rebases when due
+        (:meth:`rebase_due`), or a run whose calls flush its tail would grow
+        its last part forever (each flush rewriting it whole). A renewal does
+        not: it runs on the heartbeat's thread, and writes small.
         """
         parts = list(header.parts)
         base = parts[0] if parts and parts[0]["kind"] == "base" else None
         changes = parts[1:] if base else parts
-        weight = sum(p["size"] for p in changes) + len(tail)
-        if rebase and (base is None or weight >= base["size"]):
+        if rebase and self.rebase_due(header, len(tail)):
             return "base", self.base(header, state), parts
+        balance = rebase if balance is None else balance
         if len(parts) < _MAX_PARTS:
             merge = []  # the tail becomes a part of its own
-        elif rebase and changes[-1]["size"] + len(tail) > changes[-2]["size"]:
+        elif balance and changes[-1]["size"] + len(tail) > changes[-2]["size"]:
             merge = changes[-2:]  # the newer outgrew the older: merge both (geometric)
         else:
             merge = changes[-1:]
         line = self.line(header, "changes")
         return "changes", b"".join([line, *(self.cached[p["name"]] for p in merge), tail]), merge
+
+    @staticmethod
+    def rebase_due(header: ckpt.Checkpoint, tail: int) -> bool:
+        """Whether a flush with ``tail`` bytes of tail writes a new base: there
+        is no base, or the changes parts and the tail outweigh it. With
+        ``tail=0`` on a head that has parts: whether a journal write's flushes
+        left the changes parts outweighing the base (a commit's never do).
+        """
+        parts = header.parts
+        base = parts[0] if parts and parts[0]["kind"] == "base" else None
+        weight = sum(p["size"] for p in parts if p is not base) + tail
+        return base is None or weight >= base["size"]
 
     def line(self, header: ckpt.Checkpoint, kind: str) -> bytes:
         """The header line of a part, with its newline."""

@@ -491,7 +491,7 @@ class Journal:
         """Write the head (``run.lock`` held); a refusal means the run is lost."""
         run = self.run
         try:
-            drive_sync(run.rewrite(header, tail, self.step), run.plan.store)
+            drive_sync(run.rewrite(header, tail, self.step, balance=True), run.plan.store)
         except CheckpointConflict:
             self.lost = True
             raise

@@ -209,10 +209,14 @@ class RunState:
         if whole is not None:  # the tail and every part, replaced by the state
             tail, dropped = b"".join(f2.frame(whole)), list(header.parts)
             header = header.replace(parts=())
-        if base is not None or len(tail) >= parts.threshold():
+        rebase = not pending and whole is None
+        # The journal writes of the step just run may have flushed the tail
+        # (they never write a base): rebase now if their parts outweigh the base.
+        due = rebase and bool(header.parts) and f2.Parts.rebase_due(header, 0)
+        if base is not None or len(tail) >= parts.threshold() or due:
             # A whole record this long becomes a changes part as it is: no re-encode.
             header, tail, merged = yield from self._flush(
-                header, tail, step, rebase=not pending and whole is None, base=base
+                header, tail, step, rebase=rebase, base=base
             )
             dropped += merged
         return header, tail, whole, ops, dropped
@@ -225,6 +229,7 @@ class RunState:
         *,
         rebase: bool,
         base: bytes | None = None,
+        balance: bool | None = None,
     ) -> Protocol[tuple[ckpt.Checkpoint, bytes, list[dict[str, Any]]]]:
         """Write the part a flush of ``tail`` calls for (``base``, a base part
         already encoded, when given); the head to write next (listing it, with
@@ -232,7 +237,9 @@ class RunState:
         """
         assert self.parts is not None
         if base is None:
-            kind, data, merged = self.parts.plan(header, tail, self.state, rebase=rebase)
+            kind, data, merged = self.parts.plan(
+                header, tail, self.state, rebase=rebase, balance=balance
+            )
         else:  # a base holds the whole state: it replaces every part and the tail
             kind, data, merged = "base", base, list(header.parts)
         del base
@@ -391,18 +398,22 @@ class RunState:
         step: str | None,
         *,
         flush_over: int | None = None,
+        balance: bool = False,
     ) -> Protocol[None]:
         """Write the head while a step runs (a renewal, a journal record):
         ``tail`` is flushed into a part first once it is longer than
         ``flush_over`` (by default the commit's threshold), so the writes
-        after it carry only the header and what came since.
+        after it carry only the header and what came since. ``balance``
+        (journal writes): merge parts geometrically (see ``Parts.plan``).
         """
         dropped: list[dict[str, Any]] = []
         flushed = False
         if self.parts is not None:
             limit = self.parts.threshold() if flush_over is None else flush_over
             if len(tail) > limit:
-                header, tail, dropped = yield from self._flush(header, tail, step, rebase=False)
+                header, tail, dropped = yield from self._flush(
+                    header, tail, step, rebase=False, balance=balance
+                )
                 flushed = True
         yield from self.write(header, step, payload=tail)
         self.payload = tail

@@ -115,6 +115,54 @@ def test_growth_costs_are_proportional_to_the_change(store: ds.Store, serializer
     assert counting.calls["list"] == 0
 
 
+@pytest.mark.parametrize("serializer", SERIALIZERS)
+def test_a_run_whose_calls_flush_its_tail_stays_proportional(serializer: str) -> None:
+    """An agent step that records its model call (``ctx.call``) before appending
+    the reply: the call's head writes flush the tail, so the commits rarely do.
+    The parts must stay balanced all the same — after every commit the changes
+    parts weigh less than the base — and 300 steps write at most twice what
+    the same loop without the call writes (before: three times, with one
+    changes part rewritten whole at every flush, growing past the state).
+    """
+    replies = [os.urandom(1024).hex() for _ in range(300)]
+
+    def written(journaled: bool) -> int:
+        counting = Counting(ds.MemoryStore())
+        wf = ds.Workflow(
+            "calls",
+            store=counting,
+            serializer=serializer,
+            until=lambda s: len(s["messages"]) >= 300,
+            on_event=[check],
+        )
+
+        @wf.step()
+        def turn(state: dict[str, Any], ctx: ds.Context) -> None:
+            n = len(state["messages"])
+            reply = ctx.call("model", lambda: replies[n]) if journaled else replies[n]
+            state["messages"].append({"role": "assistant", "content": reply})
+
+        stores.append(counting)
+        final = wf.run("r", {"messages": []})
+        assert [m["content"] for m in final["messages"]] == replies
+        return counting.written
+
+    def check(event: ds.Event) -> None:
+        if event.kind != "step_committed":
+            return
+        parts = head(stores[-1], "calls", "r").parts
+        base = parts[0]["size"] if parts and parts[0]["kind"] == "base" else 0
+        changes = sum(p["size"] for p in parts if p["kind"] == "changes")
+        if changes and changes >= base:  # (a subscriber's exception would be ignored)
+            unbalanced.append(parts)
+
+    stores: list[Counting] = []
+    unbalanced: list[Any] = []
+    plain = written(journaled=False)
+    assert written(journaled=True) <= 2 * plain
+    assert unbalanced == []
+
+
 def test_intent_writes_and_failures_do_not_re_encode_the_state(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
