@@ -58,6 +58,13 @@ def grow_with(state: dict, messages: list[str]) -> None:
     state["messages"].append({"role": "tool", "content": messages[state["i"] - 1]})
 
 
+def grow_with_call(state: dict, ctx, messages: list[str]) -> None:
+    """:func:`grow_with`, the message got through a journaled call (an agent's model call)."""
+    reply = ctx.call("reply", messages.__getitem__, state["i"])
+    mutate(state)
+    state["messages"].append({"role": "tool", "content": reply})
+
+
 def one_step_workflow(store, passes: int, *, on_event=(), step_fn=None, name=WORKFLOW, **kw):
     """A workflow with one idempotent step and ``until=`` ``passes`` passes."""
     import durable_steps as ds
