@@ -56,6 +56,11 @@ messages wrote 5.7% of a full-rewrite loop's bytes at 32 KB (target 5%),
 10 would cross 1.1). A commit whose change is the whole state (a new run, a
 replaced root) and outgrows the threshold is written as a base at once,
 encoded into the part's own buffer, never also as a record in the tail.
+A step's journaled calls write the head too, and flush its tail when it is
+long, usually before the commit would: those flushes merge geometrically
+but never write a base (the step is changing the state, and its journal's
+records may sit in the parts a base replaces), so the commit after them
+writes the base once their parts outweigh it.
 
 Small states are written whole (design decision, measured): a state whose
 last whole encoding was at most ``WHOLE_UP_TO`` (8 KB) is encoded whole at
