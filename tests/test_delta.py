@@ -206,16 +206,17 @@ def test_in_place_edits_of_shared_objects_rebuild_exactly(
             assert tracker.changes(state) == []
 
 
-@pytest.mark.parametrize("index_from", [1, _delta._INDEX_FROM])
-@settings(max_examples=200)
+@settings(max_examples=100)
 @given(edits(), edits())
 def test_a_tracker_follows_any_sequence_of_states(
-    index_from: int, first: tuple[Any, Any], second: tuple[Any, Any]
+    first: tuple[Any, Any], second: tuple[Any, Any]
 ) -> None:
-    """One Tracker through four unrelated states: every commit's ops rebuild it."""
+    """One Tracker through four unrelated states, every list of dicts indexed:
+    every commit's ops rebuild it.
+    """
     states = [*first, *second]
     stored = json.loads(encode(states[0]))
-    with indexed_from(index_from):
+    with indexed_from(1):
         tracker = Tracker(states[0])
         for state in states[1:]:
             ops = tracker.changes(state)
