@@ -443,14 +443,14 @@ def clear_objects(workflow: str, run_id: str) -> Protocol[int]:
     """Delete everything under a run's ``parts/`` and ``signals/``, and what
     killed writers left there that no key lists; how many parts there were.
     """
-    count = 0
+    found = []
     for prefix in (f2.parts_prefix(workflow, run_id), signals_prefix(workflow, run_id)):
         keys = yield ListKeys(prefix)
         for key in keys:
             yield Delete(key, None)
         yield Sweep(prefix)
-        count = count or len(keys)  # the first prefix's: the parts
-    return count
+        found.append(len(keys))
+    return found[0]  # the parts' (a run with none but signals left counts none)
 
 
 def store_skew(store: Store) -> float | None:

@@ -17,7 +17,9 @@ import durable_steps as ds
 from durable_steps import _checkpoint as ckpt
 from durable_steps import _format2 as f2
 from durable_steps import cli
+from durable_steps._signals import signal_key
 from durable_steps.cli import _cleanup
+from durable_steps.cli._base import EXIT_NOT_FOUND
 from durable_steps.cli._format import human_size
 
 
@@ -58,6 +60,30 @@ def test_ls_and_prune_sizes_count_the_head_and_its_parts(
     assert (shown["size"], shown["head_size"]) == (sum(stored.values()), head)
     assert cli.main(["--store", url, "prune", "--completed", "--older-than", "0s"]) == 0
     assert human_size(sum(stored.values())) in capsys.readouterr().out
+
+
+def test_rm_counts_parts_not_signals_of_a_run_whose_head_is_gone(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """rm of a run with no head and no parts, only a signal left: the signal is
+    deleted, and the run is reported not found (exit 3), not as parts deleted.
+    """
+    url = str(tmp_path / "s")
+    store = ds.open_store(url)
+    wf = ds.Workflow("chat", store=store, until=lambda s: "answer" in s)
+
+    @wf.step()
+    def ask(state: dict[str, Any], ctx: ds.Context) -> None:
+        state["answer"] = ctx.wait_for("approval")
+
+    with pytest.raises(ds.RunSuspended):
+        wf.run("r", {})
+    assert wf.signal("r", "approval", True)
+    store.delete(ckpt.checkpoint_key("chat", "r"))  # small state: no parts
+    assert list(objects(store, "r")) == [signal_key("chat", "r", "approval")]
+    assert cli.main(["--store", url, "rm", "chat/r"]) == EXIT_NOT_FOUND
+    assert "part(s)" not in capsys.readouterr().out
+    assert objects(store, "r") == {}
 
 
 KILLED_RM = """
