@@ -253,20 +253,21 @@ class _Index:
         if lens != sizes:
             k = list(map(ne, lens, sizes)).index(True)
             sizes = sizes[:k]
+        live = live[:k]
         ends = list(accumulate(sizes))  # where each item's keys end in the flat lists
-        end = ends[-1] if ends else 0
-        keys = list(chain.from_iterable(live[:k]))
+        total = end = ends[-1] if ends else 0
+        keys = list(chain.from_iterable(live))
         known = self.keys if end == len(self.keys) else self.keys[:end]
         if keys != known:  # an item's keys differ: it, and what follows, are not vouched for
             end = list(map(ne, keys, known)).index(True)
-        values = list(chain.from_iterable(map(dict.values, live[:k])))[:end]
+        values = list(chain.from_iterable(map(dict.values, live)))[:end]
         shadow = self.values if end == len(self.values) else self.values[:end]
         moved = list(map(is_not, shadow, values))
         if any(moved):  # else the usual case: every value is the leaf the shadow shares
             differ = _differ(list(compress(shadow, moved)), list(compress(values, moved)))
             if differ:
                 end = min(end, list(compress(range(end), moved))[differ[0]])
-        return bisect_right(ends, end) if end < (ends[-1] if ends else 0) else k
+        return bisect_right(ends, end) if end < total else k
 
 
 Indexes = dict[int, _Index]
@@ -293,11 +294,10 @@ def diff(old: Any, new: Any, indexes: Indexes | None = None) -> list[list[Any]]:
     checked through their :class:`_Index`; the ops are the same without it.
     """
     ops: list[list[Any]] = []
-    if indexes is not None and type(old) is type(new) and type(new) in (dict, list):
-        # Into the root's values at once (no ops when nothing changed), so that
-        # its long lists are checked through their indexes, not with the rest.
-        _diff(old, new, [], ops, 0, indexes=indexes)
-    elif not _same(old, new):
+    # With indexes, into a container root at once (it finds no ops when nothing
+    # changed), so that its long lists are checked through them, not with the rest.
+    into = indexes is not None and type(old) is type(new) and type(new) in (dict, list)
+    if into or not _same(old, new):
         _diff(old, new, [], ops, 0, indexes=indexes)
     return ops
 

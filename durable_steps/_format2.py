@@ -250,16 +250,16 @@ class Parts:
         state: Any | None,
         *,
         rebase: bool,
-        balance: bool | None = None,
+        balance: bool,
     ) -> tuple[str, bytes, list[dict[str, Any]]]:
         """The part a flush writes: ``(kind, payload, parts it replaces)``.
 
         ``rebase`` allows a new base (the whole ``state``, encoded): only from
         a commit, never while a step runs (it changes the live state, and its
         journal's records may sit in the parts a base would replace).
-        ``balance`` (default: ``rebase``) merges the last two changes parts
-        once the newer outgrows the older, keeping their sizes geometric; a
-        journal write balances too, and the commit after it rebases when due
+        ``balance`` merges the last two changes parts once the newer outgrows
+        the older, keeping their sizes geometric: a commit balances, and so does
+        a journal write, after which the commit rebases when due
         (:meth:`rebase_due`), or a run whose calls flush its tail would grow
         its last part forever (each flush rewriting it whole). A renewal does
         not: it runs on the heartbeat's thread, and writes small.
@@ -269,7 +269,6 @@ class Parts:
         changes = parts[1:] if base else parts
         if rebase and self.rebase_due(header, len(tail)):
             return "base", self.base(header, state), parts
-        balance = rebase if balance is None else balance
         if len(parts) < _MAX_PARTS:
             merge = []  # the tail becomes a part of its own
         elif balance and changes[-1]["size"] + len(tail) > changes[-2]["size"]:

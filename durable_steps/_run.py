@@ -216,7 +216,7 @@ class RunState:
         if base is not None or len(tail) >= parts.threshold() or due:
             # A whole record this long becomes a changes part as it is: no re-encode.
             header, tail, merged = yield from self._flush(
-                header, tail, step, rebase=rebase, base=base
+                header, tail, step, rebase=rebase, balance=rebase, base=base
             )
             dropped += merged
         return header, tail, whole, ops, dropped
@@ -228,8 +228,8 @@ class RunState:
         step: str | None,
         *,
         rebase: bool,
+        balance: bool,
         base: bytes | None = None,
-        balance: bool | None = None,
     ) -> Protocol[tuple[ckpt.Checkpoint, bytes, list[dict[str, Any]]]]:
         """Write the part a flush of ``tail`` calls for (``base``, a base part
         already encoded, when given); the head to write next (listing it, with
