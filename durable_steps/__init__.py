@@ -10,8 +10,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from . import testing
+from ._context import Context
 from ._events import Event, Progress
-from ._step import Context, Retry, Step, step
+from ._step import Retry, Step, step
 from ._version import __version__
 from ._workflow import Workflow
 from .errors import (

@@ -34,11 +34,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from . import _checkpoint as ckpt
-from . import _format2 as f2
 from ._drivers import Call, Get, Protocol
 from ._events import logger
-from ._run import Plan, RunState
+from ._plan import Plan
+from ._record import checkpoint as ckpt
+from ._record import format2 as f2
+from ._run import RunState
 from ._step import Step
 from .errors import (
     CheckpointConflict,

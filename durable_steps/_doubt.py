@@ -13,11 +13,12 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
+from ._context import Context
 from ._drivers import AwaitableInSyncRun, Call, Protocol
 from ._events import logger
 from ._failures import give_up
 from ._run import RunState
-from ._step import Context, Step
+from ._step import Step
 from .errors import CheckpointConflict, StepInDoubt
 
 __all__ = ["call_owned", "settle_doubt", "settle_effects"]

@@ -5,9 +5,10 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from ._context import Context
 from ._drivers import Protocol
 from ._run import RunState
-from ._step import Context, Step
+from ._step import Step
 from .errors import StepFailed
 
 __all__ = ["give_up", "record_failure", "sentence"]

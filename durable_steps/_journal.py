@@ -53,13 +53,15 @@ import inspect
 import logging
 import threading
 import time
+import typing
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
-from . import _checkpoint as ckpt
-from . import _format2 as f2
+from ._drivers import Protocol as DriverProtocol
 from ._drivers import drive_sync
+from ._record import checkpoint as ckpt
+from ._record import format2 as f2
 from .errors import (
     CheckpointConflict,
     CorruptCheckpoint,
@@ -70,9 +72,53 @@ from .serializers import plain_json
 from .stores import DEFAULT_STORE
 
 if TYPE_CHECKING:
-    from ._run import RunState
+    from ._events import EventKind
+    from ._lease import Owner
+    from ._plan import Plan
+    from ._record.checkpoint import Signer
 
-__all__ = ["MISS", "Journal"]
+__all__ = ["MISS", "Journal", "Writer"]
+
+
+class Writer(typing.Protocol):
+    """What a journal needs of the run it records in.
+
+    :class:`~durable_steps._run.RunState` is the one writer of a run's
+    checkpoint; it is handed to the journal (and the journal's waits) as
+    this, so the journal writes through it without knowing the runner.
+    """
+
+    plan: Plan
+    name: str
+    run_id: str
+    header: ckpt.Checkpoint
+    payload: bytes
+    parts: f2.Parts | None
+    lock: threading.Lock
+    owner: Owner
+    warned_store: bool
+
+    @property
+    def signer(self) -> Signer | None:
+        """The signing serializer, whose key signs what the run writes."""
+
+    def event(self, kind: EventKind, **fields: Any) -> None:
+        """Tell the run's subscribers."""
+
+    def conflict(self, step: str | None, *, created: bool = False) -> CheckpointConflict:
+        """The error for a write another process refused."""
+
+    def rewrite(
+        self,
+        header: ckpt.Checkpoint,
+        tail: bytes,
+        step: str | None,
+        *,
+        flush_over: int | None = None,
+        balance: bool = False,
+    ) -> DriverProtocol[None]:
+        """Write the head while a step runs (see ``RunState.rewrite``)."""
+
 
 logger = logging.getLogger("durable_steps")
 Kind = Literal["call", "effect", "sleep", "signal", "timeout"]
@@ -110,7 +156,7 @@ class Journal:
     """
 
     def __init__(
-        self, run: RunState, step: str, iteration: int, policy: str, *, idempotent: bool = True
+        self, run: Writer, step: str, iteration: int, policy: str, *, idempotent: bool = True
     ) -> None:
         self.run = run
         self.step = step

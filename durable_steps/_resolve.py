@@ -5,9 +5,9 @@ from __future__ import annotations
 import base64
 from typing import TYPE_CHECKING, Any
 
-from . import _checkpoint as ckpt
-from . import _format2 as f2
 from ._lease import describe, is_live
+from ._record import checkpoint as ckpt
+from ._record import format2 as f2
 from ._run import store_skew
 from .errors import CheckpointConflict, DefinitionError, DurableStepsError, RunLocked
 from .serializers import plain_json

@@ -1,4 +1,4 @@
-"""One execution of a run: what it needs (:class:`Plan`) and what it holds.
+"""One execution of a run: what it holds, and the one writer of its checkpoint.
 
 :class:`RunState` owns the committed payload, its version (ETag), the header
 last written, and the live state object, and it is the only place that
@@ -11,53 +11,23 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
-from . import _checkpoint as ckpt
-from . import _format2 as f2
 from ._drivers import Delete, Get, ListKeys, Protocol, Put, Sweep, drive_sync
-from ._events import Event, EventKind, Subscriber, emit, logger
+from ._events import Event, EventKind, emit, logger
 from ._lease import Heartbeat, Owner, describe
+from ._plan import Plan
+from ._record import checkpoint as ckpt
+from ._record import format2 as f2
 from ._signals import signals_prefix
-from ._step import Step
 from .errors import CheckpointConflict, CorruptCheckpoint, SerializationError, StoreError
 from .serializers import SignedSerializer
 
 if TYPE_CHECKING:
-    from .serializers import Serializer
     from .stores import Store
 
-__all__ = ["Plan", "Released", "RunState"]
-
-
-@dataclass(frozen=True)
-class Plan:
-    """What a run needs from its workflow (kept apart so the runner never
-    reaches back into ``Workflow``).
-    """
-
-    workflow: str
-    steps: Sequence[Step[..., Any]]
-    serializer: Serializer
-    until: Callable[[Any], bool] | None
-    on_complete: str
-    subscribers: Sequence[Subscriber]
-    store: Store
-    lease: float
-    takeover: bool = False
-    stop: threading.Event | None = None
-    """Set by a worker to stop the run after its current step (see Released)."""
-    claim: bool = False
-    """Write a claim before the first step of a resumed run (see execute)."""
-    implicit_store: bool = False
-    """The store is the default local directory, chosen by nobody."""
-    version: str | None = None
-    """``Workflow(version=)``, stored with the run (see ``_deploy``)."""
-    migrate: Callable[[Any, str | None], Any] | None = None
-    code: dict[str, str] = field(default_factory=dict)
-    """The steps' code fingerprints, recorded with every commit."""
+__all__ = ["Released", "RunState", "clear_objects", "store_skew"]
 
 
 class Released(Exception):
@@ -145,7 +115,7 @@ class RunState:
         self, header: ckpt.Checkpoint, step: str | None, *, release: bool = False
     ) -> Protocol[None]:
         """Commit the live state with ``header``: the whole state in format 1,
-        the change since the last commit in format 2 (see ``_format2``).
+        the change since the last commit in format 2 (see ``_record.format2``).
         """
         if header.format == 1:
             self.payload = self.encode_state(step)
@@ -177,7 +147,7 @@ class RunState:
         A small state, a new root or a collapse is one record of the whole
         state, replacing the tail and every part; anything else is its change
         appended to the tail, flushed into a part once the tail is long (see
-        ``_format2``).
+        ``_record.format2``).
         """
         parts = self.parts
         assert parts is not None

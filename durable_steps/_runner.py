@@ -35,18 +35,21 @@ from typing import Any
 
 import tenacity
 
-from . import _checkpoint as ckpt
 from . import _deploy
-from . import _format2 as f2
+from ._context import Context
 from ._doubt import settle_doubt, settle_effects
 from ._drivers import AwaitableInSyncRun, Call, Get, Protocol, Sleep
 from ._events import logger
 from ._failures import give_up, record_failure, sentence
 from ._journal import Journal
 from ._lease import Heartbeat, describe, judge
-from ._run import Plan, Released, RunState, store_skew
-from ._step import Context, Step
-from ._waiting import Suspend, suspend, wake
+from ._plan import Plan
+from ._record import checkpoint as ckpt
+from ._record import format2 as f2
+from ._run import Released, RunState, store_skew
+from ._step import Step
+from ._waiting import suspend, wake
+from ._waits import Suspend
 from .errors import (
     CheckpointConflict,
     CorruptCheckpoint,

@@ -30,7 +30,7 @@ import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
-from . import _checkpoint as ckpt
+from ._record import checkpoint as ckpt
 from .errors import (
     CheckpointConflict,
     CorruptCheckpoint,

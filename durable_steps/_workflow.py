@@ -9,10 +9,10 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any, Literal, ParamSpec, TypeVar, overload
 
 from . import _deploy, _resolve, _runner, _signals
-from ._checkpoint import validate_name
 from ._drivers import drive_async, drive_sync
 from ._events import Subscriber
-from ._run import Plan
+from ._plan import Plan
+from ._record.checkpoint import validate_name
 from ._step import InDoubt, Retry, Step, callable_with, is_async_callable
 from .errors import DefinitionError, RunSuspended
 from .serializers import Serializer, SignedSerializer, resolve_serializer

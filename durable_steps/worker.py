@@ -34,10 +34,10 @@ from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from . import _checkpoint as ckpt
 from ._drivers import drive_async, drive_sync
 from ._events import logger
 from ._lease import is_live
+from ._record import checkpoint as ckpt
 from ._run import Released, store_skew
 from ._runner import RunGone, execute
 from .errors import (

@@ -62,7 +62,7 @@ from pathlib import Path
 from typing import Any
 
 import durable_steps as ds
-from durable_steps import _checkpoint as ckpt
+from durable_steps._record import checkpoint as ckpt
 
 STEPS: tuple[tuple[str, bool], ...] = (
     ("plan", True),
@@ -187,7 +187,7 @@ def flush_every_commit() -> None:
     """Make every format-2 commit flush its change into a part, as for a big
     state (tests only: the threshold is private; no state is written whole).
     """
-    from durable_steps import _format2
+    from durable_steps._record import format2 as _format2
 
     _format2._MIN_FLUSH = 1
     _format2._FLUSH_RECORDS = 0

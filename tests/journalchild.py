@@ -68,7 +68,7 @@ from pathlib import Path
 from typing import Any
 
 import durable_steps as ds
-from durable_steps import _checkpoint as ckpt
+from durable_steps._record import checkpoint as ckpt
 
 PASSES = 3
 FANOUT = 50

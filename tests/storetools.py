@@ -6,9 +6,9 @@ import json
 from typing import Any
 
 import durable_steps as ds
-from durable_steps import _checkpoint as ckpt
 from durable_steps._drivers import drive_sync
-from durable_steps._format2 import load_state
+from durable_steps._record import checkpoint as ckpt
+from durable_steps._record.format2 import load_state
 
 
 class Wrapped:

@@ -27,7 +27,7 @@ from typing import Any
 import pytest
 
 import durable_steps as ds
-from durable_steps import _checkpoint as ckpt
+from durable_steps._record import checkpoint as ckpt
 from tests.conftest import StoreTarget, one_s3_kind_each
 from tests.crashchild import (
     EXIT_IN_DOUBT,

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 import durable_steps as ds
-from durable_steps import _checkpoint as ckpt
+from durable_steps._record import checkpoint as ckpt
 from durable_steps.testing import SimulatedCrash
 from tests.storetools import committed
 

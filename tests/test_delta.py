@@ -12,8 +12,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from durable_steps import _delta
-from durable_steps._delta import Tracker, apply, diff, snapshot
+from durable_steps._record import delta as _delta
+from durable_steps._record.delta import Tracker, apply, diff, snapshot
 
 leaves = st.one_of(
     st.none(),

@@ -24,8 +24,8 @@ from typing import Any
 import pytest
 
 import durable_steps as ds
-from durable_steps import _checkpoint as ckpt
 from durable_steps import _deploy
+from durable_steps._record import checkpoint as ckpt
 from tests.conftest import StoreTarget, _target
 
 CHILD = Path(__file__).with_name("deploychild.py")

@@ -15,8 +15,8 @@ import pytest
 from botocore.exceptions import NoCredentialsError
 
 import durable_steps as ds
-from durable_steps import _checkpoint as ckpt
 from durable_steps import cli
+from durable_steps._record import checkpoint as ckpt
 from tests.storetools import Wrapped, rewrite_header
 
 # --- runner -------------------------------------------------------------------

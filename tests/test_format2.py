@@ -17,9 +17,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import durable_steps as ds
-from durable_steps import _checkpoint as ckpt
-from durable_steps import _finders, cli
-from durable_steps import _format2 as f2
+from durable_steps import cli
+from durable_steps._record import checkpoint as ckpt
+from durable_steps._record import finders as _finders
+from durable_steps._record import format2 as f2
 from durable_steps.testing import CrashingStore, SimulatedCrash
 from tests.conftest import StoreTarget, one_s3_kind_each
 from tests.crashchild import initial_state, workflow_name

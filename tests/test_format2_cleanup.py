@@ -14,9 +14,9 @@ from typing import Any
 import pytest
 
 import durable_steps as ds
-from durable_steps import _checkpoint as ckpt
-from durable_steps import _format2 as f2
 from durable_steps import cli
+from durable_steps._record import checkpoint as ckpt
+from durable_steps._record import format2 as f2
 from durable_steps._signals import signal_key
 from durable_steps.cli import _cleanup
 from durable_steps.cli._base import EXIT_NOT_FOUND

@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 
 import durable_steps as ds
-from durable_steps import _checkpoint as ckpt
-from durable_steps import _format2 as f2
+from durable_steps._record import checkpoint as ckpt
+from durable_steps._record import format2 as f2
 from tests.storetools import Wrapped, committed
 
 

@@ -30,9 +30,9 @@ from typing import Any
 import pytest
 
 import durable_steps as ds
-from durable_steps import _checkpoint as ckpt
 from durable_steps._drivers import drive_sync
-from durable_steps._format2 import load_state
+from durable_steps._record import checkpoint as ckpt
+from durable_steps._record.format2 import load_state
 from tests.conftest import StoreTarget, one_s3_kind_each
 from tests.forkserver import ForkServer
 from tests.journalchild import (

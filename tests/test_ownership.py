@@ -17,8 +17,8 @@ from typing import Any
 import pytest
 
 import durable_steps as ds
-from durable_steps import _checkpoint as ckpt
 from durable_steps import _lease
+from durable_steps._record import checkpoint as ckpt
 from tests.storetools import Wrapped, rewrite_header
 
 KEY = ckpt.checkpoint_key("own", "r1")

@@ -26,7 +26,7 @@ from hypothesis import currently_in_test_context, event, given, settings
 from hypothesis import strategies as st
 
 import durable_steps as ds
-from durable_steps import _checkpoint as ckpt
+from durable_steps._record import checkpoint as ckpt
 from durable_steps.testing import CrashingStore, SimulatedCrash
 
 RUN = "r1"

@@ -38,7 +38,7 @@ from pydantic_ai.models.function import AgentInfo, FunctionModel
 from pydantic_ai.models.test import TestModel
 
 import durable_steps as ds
-from durable_steps import _delta
+from durable_steps._record import delta as _delta
 from durable_steps.integrations.pydantic_ai import DurableAgent, idempotency_key
 from tests.forkserver import ForkServer
 from tests.pydaichild import read_lines

@@ -23,8 +23,8 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 import durable_steps as ds
-from durable_steps import _checkpoint as ckpt
 from durable_steps import cli
+from durable_steps._record import checkpoint as ckpt
 from durable_steps.serializers import MAX_DEPTH, JSONSerializer, check_json
 from tests.storetools import Wrapped, committed
 

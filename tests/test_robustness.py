@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 
 import durable_steps as ds
-from durable_steps import _checkpoint as ckpt
 from durable_steps import cli
 from durable_steps._lease import Heartbeat
+from durable_steps._record import checkpoint as ckpt
 from durable_steps.cli import _cleanup, _runs
 from durable_steps.errors import StoreError
 from tests.storetools import Wrapped, rewrite_header

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from .. import _checkpoint as ckpt
+from .._record import checkpoint as ckpt
 from ..errors import DefinitionError
 
 __all__ = [

@@ -25,8 +25,8 @@ from collections import defaultdict
 from collections.abc import Callable
 from typing import Any
 
-from .. import _checkpoint as ckpt
 from .._drivers import drive_sync
+from .._record import checkpoint as ckpt
 from .._run import clear_objects
 from ..errors import CheckpointConflict
 from ..stores import ObjectInfo, Store

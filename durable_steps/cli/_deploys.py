@@ -15,10 +15,11 @@ import os
 from collections.abc import Callable
 from typing import Any
 
-from .. import _checkpoint as ckpt
 from .. import _deploy
+from .._apps import load_app
 from .._drivers import drive_sync
-from .._run import Plan
+from .._plan import Plan
+from .._record import checkpoint as ckpt
 from .._workflow import Workflow
 from ..errors import CorruptCheckpoint, WorkflowChanged
 from ..serializers import SIGNING_KEY_ENV, Serializer, SignedSerializer, resolve_serializer
@@ -34,7 +35,6 @@ from ._base import (
 )
 from ._format import Style, clean
 from ._runs import find_runs, load, locate, open_effects, run_status
-from ._worker import _load_app
 
 __all__ = ["register"]
 
@@ -43,7 +43,7 @@ _FINISHED = ("completed", "deleted")
 
 def _app(args: argparse.Namespace, store: Store) -> Workflow:
     """The ``--app`` workflow, on ``--store`` when one was given explicitly."""
-    workflow = _load_app(args.app)
+    workflow = load_app(args.app)
     if args.store:
         workflow.store = store
     return workflow

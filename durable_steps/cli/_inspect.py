@@ -11,11 +11,12 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from .. import _checkpoint as ckpt
+from .._apps import load_app
 from .._deploy import code_changes, fingerprints
 from .._drivers import drive_sync
-from .._format2 import load_state
 from .._lease import is_live
+from .._record import checkpoint as ckpt
+from .._record.format2 import load_state
 from ..errors import CorruptCheckpoint
 from ..serializers import SIGNING_KEY_ENV, PickleSerializer, Serializer, resolve_serializer
 from ..stores import Store
@@ -53,7 +54,6 @@ from ._runs import (
     run_status,
 )
 from ._waiting import signal_sent, wait_hint, wait_lines, waiting_for
-from ._worker import _load_app
 
 __all__ = ["describe", "next_hint", "register", "summary"]
 
@@ -487,7 +487,7 @@ def _cmd_show(args: argparse.Namespace, store: Store, style: Style) -> int:
             doc["state"] = state
         print(json_text(doc))
         return EXIT_OK
-    code = fingerprints(_load_app(args.app).steps) if args.app else None
+    code = fingerprints(load_app(args.app).steps) if args.app else None
     lines = describe(
         header, payload, len(data), style, sent_at=signal_sent(store, header), code=code
     )

@@ -15,8 +15,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from typing import Any
 
-from .. import _checkpoint as ckpt
 from .._lease import is_live, lease_end
+from .._record import checkpoint as ckpt
 from ..errors import CorruptCheckpoint
 from ..serializers import SIGNING_KEY_ENV, JSONSerializer, SignedSerializer
 from ..stores import Store

@@ -15,8 +15,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from .. import _checkpoint as ckpt
 from .. import _signals
+from .._record import checkpoint as ckpt
 from ..errors import DurableStepsError, SerializationError, StoreError
 from ..serializers import SIGNING_KEY_ENV, JSONSerializer, SignedSerializer
 from ..stores import Store

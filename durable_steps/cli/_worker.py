@@ -3,14 +3,12 @@
 from __future__ import annotations
 
 import argparse
-import importlib
 import logging
-import os
 import sys
 from collections.abc import Callable
 from typing import Any
 
-from .._workflow import Workflow
+from .._apps import load_app
 from ..errors import DefinitionError
 from ..stores import Store
 from ..worker import Worker, install_signal_handlers
@@ -28,24 +26,6 @@ DESCRIPTION = (
 )
 
 
-def _load_app(spec: str) -> Workflow:
-    """Import ``module:attribute`` (from the current directory too) as a Workflow."""
-    module_name, _, attribute = spec.partition(":")
-    if not module_name or not attribute:
-        raise DefinitionError(f"--app {spec!r}: use module:attribute, e.g. myagent:workflow")
-    if os.getcwd() not in sys.path:
-        sys.path.insert(0, os.getcwd())
-    try:
-        target: Any = importlib.import_module(module_name)
-        for part in attribute.split("."):
-            target = getattr(target, part)
-    except (ImportError, AttributeError) as exc:
-        raise DefinitionError(f"--app {spec!r}: cannot load it ({exc})") from exc
-    if not isinstance(target, Workflow):
-        raise DefinitionError(f"--app {spec!r} is a {type(target).__name__}, not a Workflow")
-    return target
-
-
 def _log_progress() -> None:
     """The library's INFO log on stderr. Only the ``durable_steps`` logger: a
     root handler would let botocore's and urllib3's request logs flood it.
@@ -60,7 +40,7 @@ def _log_progress() -> None:
 
 
 def _cmd_worker(args: argparse.Namespace, store: Store, _style: object) -> int:
-    workflow = _load_app(args.app)
+    workflow = load_app(args.app)
     if args.store:  # an explicit --store wins over the one the app configured
         workflow.store = store
     if not args.debug:

@@ -99,7 +99,7 @@ if TYPE_CHECKING:
     from pydantic_ai.tools import RunContext
     from pydantic_ai.toolsets import ToolsetTool
 
-    from .._step import Context
+    from .._context import Context
 
 __all__ = ["DurableAgent", "idempotency_key"]
 

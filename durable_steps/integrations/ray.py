@@ -45,11 +45,11 @@ from typing import TYPE_CHECKING, Any
 
 import ray
 
-from .. import _checkpoint as ckpt
+from .._apps import load_app
 from .._events import logger
 from .._lease import judge, lease_end
+from .._record import checkpoint as ckpt
 from .._run import store_skew
-from ..cli._worker import _load_app
 from ..errors import DefinitionError
 from ..stores import open_store
 from ..worker import Worker, WorkerReport
@@ -67,7 +67,7 @@ _stores: dict[str, Store] = {}  # per process: a Ray worker runs many tasks
 
 
 def _workflow(app: str, store: str | None) -> Workflow:
-    workflow = _load_app(app)
+    workflow = load_app(app)
     if store is not None:  # an explicit store wins over the one the app configured
         if store not in _stores:
             _stores[store] = open_store(store)

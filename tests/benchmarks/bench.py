@@ -106,7 +106,7 @@ import bench_child as child  # noqa: E402
 import durable_steps as ds  # noqa: E402
 
 logging.getLogger("durable_steps").addHandler(logging.NullHandler())  # no lastResort noise
-from durable_steps import _checkpoint as ckpt  # noqa: E402
+from durable_steps._record import checkpoint as ckpt  # noqa: E402
 from tests.s3servers import S3Server, start_moto, start_seaweedfs  # noqa: E402
 
 CHILD = str(HERE / "bench_child.py")

@@ -12,10 +12,7 @@ import math
 import re
 import reprlib
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, TypeGuard
-
-if TYPE_CHECKING:
-    from ._checkpoint import Checkpoint
+from typing import Any, TypeGuard
 
 __all__ = ["field_problem", "format_problem", "is_int", "parts_problem", "show"]
 
@@ -53,41 +50,43 @@ def parts_problem(parts: object) -> str | None:
     return None
 
 
-def field_problem(h: Checkpoint) -> str | None:  # noqa: PLR0911 - a return per check
-    """Why a decoded header cannot be trusted, or None.
+def field_problem(h: dict[str, Any]) -> str | None:  # noqa: PLR0911 - a return per check
+    """Why a decoded header (its fields, as a dict) cannot be trusted, or None.
 
     The CRC covers the payload only, so every header field is checked here:
     a hand-edited or damaged header must stop as CorruptCheckpoint, not as a
     TypeError halfway through a run (possibly after a step fired).
     """
     for name in ("workflow", "run_id", "run_nonce", "serializer"):
-        if not isinstance(getattr(h, name), str):
+        if not isinstance(h[name], str):
             return f"{name} is not a string"
-    if not isinstance(h.status, str) or h.status not in STATUSES:
-        return f"unknown status {show(h.status)}"
-    if not h.steps or not all(isinstance(s, str) for s in h.steps):
+    status, steps, version, code = h["status"], h["steps"], h["version"], h["code"]
+    if not isinstance(status, str) or status not in STATUSES:
+        return f"unknown status {show(status)}"
+    if not steps or not all(isinstance(s, str) for s in steps):
         return "steps is not a list of names"
     for name in ("iteration", "next_step", "committed"):
-        value = getattr(h, name)
+        value = h[name]
         if not _is_count(value):
             return f"{name} is {show(value)}, not a count"
-    if h.version is not None and not (isinstance(h.version, str) and len(h.version) <= 200):
-        return f"version is {show(h.version)}, not a version string"
-    if h.code is not None and not (
-        isinstance(h.code, dict)
-        and all(isinstance(v, str) and _HEX12.fullmatch(v) for v in h.code.values())
+    if version is not None and not (isinstance(version, str) and len(version) <= 200):
+        return f"version is {show(version)}, not a version string"
+    if code is not None and not (
+        isinstance(code, dict)
+        and all(isinstance(v, str) and _HEX12.fullmatch(v) for v in code.values())
     ):
         return "code is not a map of step fingerprints"
-    ended = h.status in ("completed", "deleted")
-    if h.next_step > len(h.steps) or (h.next_step == len(h.steps) and not ended):
-        return f"next_step {h.next_step} is past the {len(h.steps)} steps"
+    ended = status in ("completed", "deleted")
+    next_step = h["next_step"]
+    if next_step > len(steps) or (next_step == len(steps) and not ended):
+        return f"next_step {next_step} is past the {len(steps)} steps"
     for name in ("created_at", "updated_at"):
-        value = getattr(h, name)
+        value = h[name]
         if not _is_time(value):
             return f"{name} is {show(value)}, not a time"
-    if h.status == "waiting" and h.wait is None:
+    if status == "waiting" and h["wait"] is None:
         return "status waiting without a wait"
-    return _record_problem(h) or _journal_problem(h.journal, h.format)
+    return _record_problem(h) or _journal_problem(h["journal"], h["format"])
 
 
 def _journal_problem(journal: object, version: int) -> str | None:  # noqa: PLR0911 - per check
@@ -123,13 +122,13 @@ def _journal_problem(journal: object, version: int) -> str | None:  # noqa: PLR0
     return None
 
 
-def _record_problem(h: Checkpoint) -> str | None:
+def _record_problem(h: dict[str, Any]) -> str | None:
     """The nested fields' part of :func:`_field_problem`."""
-    for entry in h.history:
+    for entry in h["history"]:
         if len(entry) != 5 or not isinstance(entry[0], str) or not all(map(is_int, entry[1:])):
             return f"history entry {show(list(entry))} is not [step, iteration, attempts, ms, at]"
     for name, shape in _SHAPES.items():
-        value = getattr(h, name)
+        value = h[name]
         if value is None:
             continue
         if not isinstance(value, dict):

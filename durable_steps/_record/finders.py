@@ -1,8 +1,8 @@
 """Finding what changed in a format-2 state, and turning it into records.
 
 A finder compares the live state with the last commit's (see
-:mod:`durable_steps._format2` for what becomes of its records): JSON states
-with :class:`~durable_steps._delta.Tracker`'s ops, at any depth; pickle states
+:mod:`durable_steps._record.format2` for what becomes of its records): JSON states
+with :class:`~durable_steps._record.delta.Tracker`'s ops, at any depth; pickle states
 at top-level granularity, each value as its own pickle. A small state is
 written whole instead; its finder then keeps only that record.
 """
@@ -13,12 +13,12 @@ import pickle
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
-from ._delta import Tracker, apply, snapshot
-from .errors import SerializationError
-from .serializers import _COMPACT_JSON, JSONSerializer, SignedSerializer, check_json, plain_json
+from ..errors import SerializationError
+from ..serializers import _COMPACT_JSON, JSONSerializer, SignedSerializer, check_json, plain_json
+from .delta import Tracker, apply, snapshot
 
 if TYPE_CHECKING:
-    from .serializers import Serializer
+    from ..serializers import Serializer
 
 __all__ = ["JOURNAL", "Finder", "JSONFinder", "PickleFinder", "inner"]
 
@@ -202,7 +202,7 @@ def _pickled_or_named(value: Any) -> bytes:
     try:
         return _pickled(value)
     except Exception:
-        from .serializers import PickleSerializer
+        from ..serializers import PickleSerializer
 
         PickleSerializer().dumps(value)  # raises, with the path of the value
         raise
@@ -241,7 +241,7 @@ class PickleFinder(Finder):
             self.cache = _pickled(state)
 
     def changes(self, state: Any) -> list[list[Any]]:
-        from .serializers import PickleSerializer
+        from ..serializers import PickleSerializer
 
         try:
             return self._ops(state)

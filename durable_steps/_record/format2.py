@@ -3,7 +3,7 @@ r"""Checkpoint format 2: every commit writes what changed, not the whole state.
 Objects of run ``<workflow>/<run_id>/``:
 
 ``checkpoint`` — the *head*
-    The format-1 record (:mod:`durable_steps._checkpoint`) with ``"format": 2``,
+    The format-1 record (:mod:`durable_steps._record.checkpoint`) with ``"format": 2``,
     ``parts`` and ``sha256``; its payload is the *tail*: the changes committed
     since the last flush, as records. It is the only object of the run that is
     ever replaced, and only by compare-and-swap (created create-only), so
@@ -15,10 +15,11 @@ Objects of run ``<workflow>/<run_id>/``:
     that lists it.
 
 A *record* is one commit's change: an 8-byte big-endian length, then
-``serializer.dumps(ops)`` where ``ops`` are :mod:`durable_steps._delta` ops
+``serializer.dumps(ops)`` where ``ops`` are :mod:`durable_steps._record.delta` ops
 (for pickle states, with each value as its own pickle: see
-:class:`~durable_steps._finders.PickleFinder`). Records concatenate, so merging changes parts is
-concatenating bytes, for any serializer. A run's state is: ``None``; each
+:class:`~durable_steps._record.finders.PickleFinder`). Records concatenate,
+so merging changes parts is concatenating bytes, for any serializer. A run's
+state is: ``None``; each
 part in the head's order (a base replaces the state, changes are replayed);
 then the tail. A new run's first record sets the root to the initial state.
 
@@ -101,15 +102,15 @@ import struct
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from . import _checkpoint as ckpt
-from ._delta import apply
-from ._drivers import GetMany, Protocol, Put
-from ._finders import JOURNAL, JSONFinder, PickleFinder, inner
-from .errors import CheckpointConflict, CorruptCheckpoint
-from .serializers import _COMPACT_JSON, JSONSerializer, check_json
+from .._drivers import GetMany, Protocol, Put
+from ..errors import CheckpointConflict, CorruptCheckpoint
+from ..serializers import _COMPACT_JSON, JSONSerializer, check_json
+from . import checkpoint as ckpt
+from .delta import apply
+from .finders import JOURNAL, JSONFinder, PickleFinder, inner
 
 if TYPE_CHECKING:
-    from .serializers import Serializer
+    from ..serializers import Serializer
 
 __all__ = ["Parts", "load_state", "parts_prefix", "supports"]
 

@@ -14,7 +14,7 @@ header says how to read the payload and where the run stands:
     1 or 2, an int. A reader refuses a higher number (``CorruptCheckpoint``:
     written by a newer durable_steps) instead of guessing, and anything else
     (``0``, ``-5``: not a valid format; ``"1"``, ``1.0``, ``true``: a
-    malformed header). Format 2 (:mod:`durable_steps._format2`, the default
+    malformed header). Format 2 (:mod:`durable_steps._record.format2`, the default
     for new runs) is this record as the run's *head*, whose payload is the
     *tail* of changes since the last flush, plus two fields: ``parts`` (the
     immutable objects it references, each ``{"name", "kind", "size",
@@ -135,8 +135,8 @@ import zlib
 from dataclasses import dataclass, field, fields
 from typing import Any, Literal, Protocol
 
-from ._header_checks import field_problem, format_problem, is_int, parts_problem, show
-from .errors import CorruptCheckpoint, DefinitionError
+from ..errors import CorruptCheckpoint, DefinitionError
+from .checks import field_problem, format_problem, is_int, parts_problem, show
 
 __all__ = [
     "FORMAT",
@@ -477,17 +477,19 @@ def decode(
     else:
         problem = parts_problem(parts)
     if not problem:
-        header = Checkpoint(
-            **{**record, "steps": tuple(steps), "history": tuple(map(tuple, history))},
-            format=version,
-            parts=tuple(parts),
-        )
-        problem = field_problem(header)
+        checked = {
+            **record,
+            "steps": tuple(steps),
+            "history": tuple(map(tuple, history)),
+            "format": version,
+            "parts": tuple(parts),
+        }
+        problem = field_problem(checked)
     if problem:
         raise CorruptCheckpoint(
             f"{where} has a malformed header: {problem}; left untouched.", run=run
         )
-    return header, payload
+    return Checkpoint(**checked), payload
 
 
 def _presence_problem(record: dict[str, Any], version: int) -> str | None:
