@@ -141,6 +141,52 @@ class Context:
             )
         return wait_for(self._journal, name, timeout)
 
+    # For integrations: a journaled call with a title (what show, resolve,
+    # events and traces display), its name staying what replays it. Same
+    # semantics as the public methods above and below.
+
+    def _call(
+        self, name: str, fn: Callable[..., R], args: Any, kwargs: Any, *, title: str | None
+    ) -> R:
+        if self._journal is None:
+            return fn(*args, **kwargs)
+        return self._journal.call(name, fn, args, kwargs, title)  # type: ignore[no-any-return]
+
+    def _effect(
+        self, name: str, fn: Callable[..., R], args: Any, kwargs: Any, *, title: str | None
+    ) -> R:
+        if self._journal is None:
+            key = effect_key(self.idempotency_key, self.iteration, self.step, name)
+            return fn(*args, idempotency_key=key, **kwargs)
+        return self._journal.effect(name, fn, args, kwargs, title)  # type: ignore[no-any-return]
+
+    async def _acall(
+        self,
+        name: str,
+        fn: Callable[..., Awaitable[R]],
+        args: Any,
+        kwargs: Any,
+        *,
+        title: str | None,
+    ) -> R:
+        if self._journal is None:
+            return await fn(*args, **kwargs)
+        return await self._journal.acall(name, fn, args, kwargs, title)  # type: ignore[no-any-return]
+
+    async def _aeffect(
+        self,
+        name: str,
+        fn: Callable[..., Awaitable[R]],
+        args: Any,
+        kwargs: Any,
+        *,
+        title: str | None,
+    ) -> R:
+        if self._journal is None:
+            key = effect_key(self.idempotency_key, self.iteration, self.step, name)
+            return await fn(*args, idempotency_key=key, **kwargs)
+        return await self._journal.aeffect(name, fn, args, kwargs, title)  # type: ignore[no-any-return]
+
     async def acall(
         self, name: str, fn: Callable[P, Awaitable[R]], /, *args: P.args, **kwargs: P.kwargs
     ) -> R:

@@ -111,6 +111,7 @@ def settle_effects(
             iteration=ctx.iteration,
             call=entry["name"],
             idempotency_key=entry["key"],
+            title=entry.get("title"),
         )
     if step.reconcile is not None:
         for entry in doubtful:
@@ -138,8 +139,9 @@ def settle_effects(
         first = doubtful[0]
         yield from run.write(run.header.evolve(status="in_doubt"), step.name)
         more = f" (and {len(doubtful) - 1} more)" if len(doubtful) > 1 else ""
+        named = f"{first['title']} ({first['name']!r})" if "title" in first else repr(first["name"])
         raise StepInDoubt(
-            f"run {run.name}: effect {first['name']!r}{more} of step {step.name!r} (iteration "
+            f"run {run.name}: effect {named}{more} of step {step.name!r} (iteration "
             f"{ctx.iteration}) may have fired before the last crash, with idempotency key "
             f"{first['key']}. Check whether it happened, then call "
             f"wf.resolve({run.run_id!r}, fired=True|False) or run "

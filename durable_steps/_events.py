@@ -63,6 +63,13 @@ class Event:
     two executions of one run, even in one process."""
     detail: str | None = None
     """``code_changed``: what differs from the code that made the run, and what is done."""
+    run_nonce: str | None = None
+    """The run's nonce (chosen when it was created): tells this run apart from
+    one deleted and created again under the same id."""
+    title: str | None = None
+    """For ``call_*`` and ``effect_in_doubt`` events: what the code that made the
+    call gave to show for it (an integration's tool and its arguments), when
+    it gave anything; ``call`` stays its journal name."""
 
 
 Subscriber = Callable[[Event], object]

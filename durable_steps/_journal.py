@@ -124,6 +124,8 @@ logger = logging.getLogger("durable_steps")
 Kind = Literal["call", "effect", "sleep", "signal", "timeout"]
 """``sleep``: a wake time or a signal's deadline; ``signal``: a received payload."""
 MAX_NAME = 200
+MAX_TITLE = 200
+"""A title longer than this is cut (with an ellipsis) where it is kept."""
 
 
 @dataclass(frozen=True)
@@ -176,6 +178,8 @@ class Journal:
         self.failed: set[str] = set()
         """Effects whose ``fn`` raised in this process: a retry re-fires them
         with the same key without calling that doubt."""
+        self.titles: dict[str, str] = {}
+        """The titles given for calls (see :meth:`begin`), by name."""
         self.attempt = 1
         self.sleeps = 0
         """``ctx.sleep`` calls so far in this attempt (they are named by order)."""
@@ -234,18 +238,22 @@ class Journal:
             return hit
         return self.finish(name, kind, None, make())
 
-    def call(self, name: str, fn: Callable[..., Any], args: Any, kwargs: Any) -> Any:
+    def call(
+        self, name: str, fn: Callable[..., Any], args: Any, kwargs: Any, title: str | None = None
+    ) -> Any:
         """``ctx.call``: ``fn(*args, **kwargs)`` once, its result recorded."""
-        hit = self.begin(name, "call")
+        hit = self.begin(name, "call", title)
         if hit is not MISS:
             return hit
         self.event("call_started", name)
         result = _sync_result(fn(*args, **kwargs), name, "call")
         return self.finish(name, "call", None, result)
 
-    def effect(self, name: str, fn: Callable[..., Any], args: Any, kwargs: Any) -> Any:
+    def effect(
+        self, name: str, fn: Callable[..., Any], args: Any, kwargs: Any, title: str | None = None
+    ) -> Any:
         """``ctx.effect``: the intent durable, then ``fn(..., idempotency_key=key)``."""
-        hit = self.begin(name, "effect")
+        hit = self.begin(name, "effect", title)
         if hit is not MISS:
             return hit
         fired = self.unrecorded.pop(name, None)
@@ -266,11 +274,13 @@ class Journal:
             self.unrecorded[name] = (key, result)  # a retry records it without firing again
             raise
 
-    async def acall(self, name: str, fn: Callable[..., Any], args: Any, kwargs: Any) -> Any:
+    async def acall(
+        self, name: str, fn: Callable[..., Any], args: Any, kwargs: Any, title: str | None = None
+    ) -> Any:
         """``ctx.acall``: :meth:`call` for a coroutine function, writes off the loop."""
         import asyncio
 
-        hit = self.begin(name, "call")
+        hit = self.begin(name, "call", title)
         if hit is not MISS:
             return hit
         self.event("call_started", name)
@@ -279,11 +289,13 @@ class Journal:
         await asyncio.to_thread(self._durable, _Change(name, result=record))
         return self._recorded(name, record)
 
-    async def aeffect(self, name: str, fn: Callable[..., Any], args: Any, kwargs: Any) -> Any:
+    async def aeffect(
+        self, name: str, fn: Callable[..., Any], args: Any, kwargs: Any, title: str | None = None
+    ) -> Any:
         """``ctx.aeffect``: :meth:`effect` for a coroutine function."""
         import asyncio
 
-        hit = self.begin(name, "effect")
+        hit = self.begin(name, "effect", title)
         if hit is not MISS:
             return hit
         fired = self.unrecorded.pop(name, None)
@@ -328,8 +340,12 @@ class Journal:
                 DEFAULT_STORE,
             )
 
-    def begin(self, name: str, kind: Kind) -> Any:
-        """Check ``name``; the replayed value if it is recorded, else ``MISS``."""
+    def begin(self, name: str, kind: Kind, title: str | None = None) -> Any:
+        """Check ``name``; the replayed value if it is recorded, else ``MISS``.
+
+        ``title`` is what a person or a trace is shown for the call (an
+        integration's tool and its arguments); ``name`` stays what replays it.
+        """
         run = self.run
         if not isinstance(name, str) or not 0 < len(name) <= MAX_NAME:
             raise DefinitionError(
@@ -358,6 +374,8 @@ class Journal:
                     step=self.step,
                 )
             self.used.add(name)
+            if title is not None:
+                self.titles[name] = _title(title)
             found = self.results.get(name)
             opened = self.open.get(name)
         if found is not None:
@@ -402,6 +420,8 @@ class Journal:
             key = ckpt.effect_key(run.header.run_nonce, self.iteration, self.step, name)
         self.event("call_started", name, key=key)
         intent = {"name": name, "key": key, "at": round(time.time(), 3), "policy": self.policy}
+        if name in self.titles:
+            intent["title"] = self.titles[name]
         return key, _Change(name, intent=intent)
 
     def finish(self, name: str, kind: Kind, key: str | None, result: Any) -> Any:
@@ -457,7 +477,18 @@ class Journal:
             attempt=self.attempt,
             call=name,
             idempotency_key=key,
+            title=self.title(name),
         )
+
+    def title(self, name: str) -> str | None:
+        """What to show for call ``name``: the title its caller gave, now or
+        when its intent was written; None when there is none.
+        """
+        found = self.titles.get(name)
+        if found is None:
+            title = self.open.get(name, {}).get("title")
+            found = title if isinstance(title, str) else None
+        return found
 
     # --- making it durable -----------------------------------------------------
 
@@ -558,6 +589,12 @@ class Journal:
             self.closed = True
             while self._writing:
                 self._cond.wait()
+
+
+def _title(text: object) -> str:
+    """A call's title as kept: a string of at most ``MAX_TITLE`` characters."""
+    text = str(text)
+    return text if len(text) <= MAX_TITLE else text[: MAX_TITLE - 1] + "\u2026"
 
 
 def _takes_key(fn: Callable[..., Any], args: Any, kwargs: Any, name: str) -> None:

@@ -68,8 +68,14 @@ class RunState:
 
     def event(self, kind: EventKind, **fields: Any) -> None:
         if self.plan.subscribers:
+            header = getattr(self, "header", None)  # None until the run is read or made
             event = Event(
-                kind, self.plan.workflow, self.run_id, execution=self.owner.token, **fields
+                kind,
+                self.plan.workflow,
+                self.run_id,
+                execution=self.owner.token,
+                run_nonce=header.run_nonce if header is not None else None,
+                **fields,
             )
             emit(self.plan.subscribers, event)
 

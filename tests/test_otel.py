@@ -34,6 +34,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import StatusCode
 
 import durable_steps as ds
+from durable_steps._record import checkpoint as ckpt
 from durable_steps.integrations.otel import Tracing, _run_context, trace_id
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -63,6 +64,13 @@ def parent_of(span: ReadableSpan) -> int | None:
 
 
 # --- the workflow of the crash test: a retry, a model call, a refund, a kill ---------------
+
+
+def nonce(store: Path, workflow: str, run_id: str) -> str:
+    """The run's nonce, as its checkpoint holds it."""
+    found = ds.LocalStore(store).get(ckpt.checkpoint_key(workflow, run_id))
+    assert found is not None
+    return ckpt.decode(found[0], where="test")[0].run_nonce
 
 
 def agent_workflow(
@@ -125,8 +133,9 @@ def test_span_tree_of_a_run_with_a_retry_and_journaled_calls(
     agent_workflow(tmp_path, Tracing(provider)).run("r1", {})
     finished = exporter.get_finished_spans()
     run = one(finished, "run agent")
-    assert parent_of(run) == _run_context("agent", "r1").span_id
-    assert format(run.context.trace_id, "032x") == trace_id("agent", "r1")
+    r1 = nonce(tmp_path, "agent", "r1")
+    assert parent_of(run) == _run_context("agent", "r1", r1).span_id
+    assert format(run.context.trace_id, "032x") == trace_id("agent", "r1", r1)
     assert run.attributes is not None
     assert run.attributes["durable_steps.workflow"] == "agent"
     assert run.attributes["durable_steps.run.id"] == "r1"
@@ -161,6 +170,32 @@ def test_span_tree_of_a_run_with_a_retry_and_journaled_calls(
     assert refund.end_time <= act.end_time
 
 
+def test_a_run_made_again_under_its_id_or_in_another_store_gets_a_trace_of_its_own(
+    tmp_path: Path, spans: tuple[TracerProvider, InMemorySpanExporter]
+) -> None:
+    """The trace id follows the run's nonce: same id, deleted and made again, or in a
+    second store, is a new trace; `show` prints the trace id the spans carry."""
+    provider, exporter = spans
+    traces = []
+    for store in (tmp_path / "a", tmp_path / "a", tmp_path / "b"):
+        wf = ds.Workflow("agent", store=store, on_event=[Tracing(provider)], on_complete="delete")
+        wf.step(name="only")(lambda state: None)
+        wf.run("r1", {})
+        (run,) = by_name(exporter.get_finished_spans(), "run agent")
+        exporter.clear()
+        shown = subprocess.run(
+            [sys.executable, "-m", "durable_steps", "--store", str(store), "show", "agent/r1"],
+            capture_output=True,
+            text=True,
+            check=True,
+            cwd=ROOT,
+        ).stdout
+        assert f"{run.context.trace_id:032x}" in shown
+        traces.append(run.context.trace_id)
+        ds.LocalStore(store).delete(ckpt.checkpoint_key("agent", "r1"))  # free the id
+    assert len(set(traces)) == 3
+
+
 def test_sigkill_then_resume_links_to_the_crashed_execution(
     tmp_path: Path, spans: tuple[TracerProvider, InMemorySpanExporter]
 ) -> None:
@@ -181,7 +216,7 @@ def test_sigkill_then_resume_links_to_the_crashed_execution(
     crashed = [json.loads(line) for line in spans_file.read_text().splitlines()]
     # What ended before the kill was exported; the run's and act's spans never ended.
     assert [s["name"] for s in crashed] == ["step plan", "step plan", "call model"]
-    anchor = _run_context("agent", "r1")
+    anchor = _run_context("agent", "r1", nonce(tmp_path / "store", "agent", "r1"))
     assert {s["context"]["trace_id"] for s in crashed} == {f"0x{anchor.trace_id:032x}"}
     crashed_run_span = crashed[0]["parent_id"]
 
@@ -416,7 +451,8 @@ def test_a_worker_running_runs_in_threads_gives_each_run_its_own_tree(
     )
     for run in runs:
         run_id = run.attributes["durable_steps.run.id"]
-        assert format(run.context.trace_id, "032x") == trace_id("batch", run_id)
+        expected = trace_id("batch", run_id, nonce(tmp_path, "batch", run_id))
+        assert format(run.context.trace_id, "032x") == expected
     for span in finished:
         if span.name == "run batch":
             continue

@@ -58,7 +58,8 @@ header says how to read the payload and where the run stands:
     "open"}`` and, in format 1 only, ``"inline"``. ``calls`` counts the
     results recorded; ``open`` lists the effects whose intent is recorded
     and whose result is not, each ``{"name", "key", "at", "policy"}``
-    (the step's in-doubt policy), optionally ``"resolution"``; ``inline``
+    (the step's in-doubt policy), optionally ``"resolution"`` and ``"title"``
+    (what to show a person for it, at most 200 characters); ``inline``
     holds format 1's results themselves (format 2 keeps them as records of
     the tail). Cleared by the step's
     commit. Optional when read: checkpoints written before journaled calls
@@ -191,6 +192,19 @@ def idempotency_key(run_nonce: str, iteration: int, index: int, step: str) -> st
     """
     material = f"{run_nonce}:{iteration}:{index}:{step}".encode()
     return "ds-" + hashlib.sha256(material).hexdigest()[:40]
+
+
+def trace_ids(workflow: str, run_id: str, run_nonce: str) -> tuple[int, int]:
+    """The trace id and the span id every trace of one run hangs from.
+
+    A pure function of the run's identity *and its nonce*: every execution
+    of the run, in any process, derives the same ids with nothing stored,
+    while a run deleted and created again under the same id, or the same id
+    in two stores (staging and production exporting to one backend), gets
+    a trace of its own. Never zero, which tracing takes for "no id".
+    """
+    digest = hashlib.sha256(f"{workflow}/{run_id}/{run_nonce}".encode()).digest()
+    return int.from_bytes(digest[:16], "big") or 1, int.from_bytes(digest[16:24], "big") or 1
 
 
 def effect_key(run_nonce: str, iteration: int, step: str, name: str) -> str:

@@ -183,6 +183,10 @@ def _is_str(value: object) -> bool:
     return isinstance(value, str)
 
 
+def _is_title(value: object) -> bool:
+    return isinstance(value, str) and len(value) <= 200
+
+
 def _is_pid(value: object) -> bool:
     return is_int(value) and 0 < value < _PID_MAX
 
@@ -216,6 +220,7 @@ _EFFECT_INTENT: _Shape = {
     "at": (_is_time, _REQUIRED_KEY),
     "resolution": (_or_null(_RESOLUTION), _OPTIONAL_KEY),
     "policy": (_or_null(_POLICY), _OPTIONAL_KEY),
+    "title": (_is_title, _OPTIONAL_KEY),
 }
 """An entry of ``journal["open"]``: an effect's intent (see ``_journal``)."""
 _SHAPES: dict[str, _Shape] = {

@@ -52,7 +52,16 @@ from ._format import (
     status_label,
     table,
 )
-from ._runs import RunInfo, find_runs, locate, open_effects, owner_text, peek_header, run_status
+from ._runs import (
+    RunInfo,
+    effect_label,
+    find_runs,
+    locate,
+    open_effects,
+    owner_text,
+    peek_header,
+    run_status,
+)
 
 __all__ = ["LEFTOVER_AGE", "register"]
 
@@ -103,7 +112,7 @@ def _cmd_rm(args: argparse.Namespace, store: Store, style: Style) -> int:
         what = (
             f"step {intent.get('step')!r} in doubt (key {intent.get('key')})"
             if isinstance(intent, dict)
-            else f"effect {effects[0].get('name')!r} in doubt (key {effects[0].get('key')})"
+            else f"effect {effect_label(effects[0])} in doubt (key {effects[0].get('key')})"
         )
         raise CommandError(
             f"run {name} has {what}: deleting the run forgets the key, so a new run would "

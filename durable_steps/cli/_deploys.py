@@ -34,7 +34,7 @@ from ._base import (
     run_ref,
 )
 from ._format import Style, clean
-from ._runs import find_runs, load, locate, open_effects, run_status
+from ._runs import effect_label, find_runs, load, locate, open_effects, run_status
 
 __all__ = ["register"]
 
@@ -84,9 +84,10 @@ def _assess(workflow: Workflow, data: bytes, name: str, key: str) -> dict[str, A
             "decides on resume"
         )
     for effect in open_effects(header.journal):
+        step_name = (header.journal or {}).get("step")
         notes.append(
-            f"effect {effect['name']!r} of step {(header.journal or {}).get('step')!r} may have "
-            "fired (its intent is pending, no result): its in_doubt policy decides on resume"
+            f"effect {effect_label(effect)} of step {step_name!r} may have fired (its intent "
+            "is pending, no result): its in_doubt policy decides on resume"
         )
     return {
         **out,

@@ -13,7 +13,7 @@ from ..serializers import SIGNING_KEY_ENV, JSONSerializer, SignedSerializer, res
 from ..stores import Store
 from ._base import EXIT_OK, EXIT_REFUSED, RUN_HELP, CommandError, json_argument, run_ref
 from ._format import Style, echo, status_label
-from ._runs import load, locate, open_effects, run_status
+from ._runs import effect_label, load, locate, open_effects, run_status
 
 __all__ = ["register"]
 
@@ -62,7 +62,7 @@ def _cmd_resolve(args: argparse.Namespace, store: Store, style: Style) -> int:
     if intent:
         where = f"iteration {intent.get('iteration')}, key {intent.get('key')}"
         resolved.append(f"step {intent.get('step')!r} ({where})")
-    resolved += [f"effect {e.get('name')!r} (key {e.get('key')})" for e in effects]
+    resolved += [f"effect {effect_label(e)} (key {e.get('key')})" for e in effects]
     if result is not _resolve.NO_RESULT:
         shown = json.dumps(result, separators=(",", ":"))
         shown = shown if len(shown) <= 200 else f"{shown[:197]}..."

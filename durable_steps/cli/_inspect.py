@@ -45,6 +45,7 @@ from ._format import (
 )
 from ._runs import (
     RunInfo,
+    effect_label,
     find_runs,
     load,
     locate,
@@ -127,13 +128,13 @@ def _doubt(header: ckpt.Checkpoint, intent: dict[str, Any]) -> tuple[str, str]:
     """``'step' may have fired (key K)``, and how to tell the run whether it did."""
     step = header.steps[header.next_step] if header.next_step < len(header.steps) else "?"
     effect = intent.get("effect")
-    skips = f"does not fire effect {effect!r} again" if effect else "skips the step"
+    skips = f"does not fire effect {intent.get('label')} again" if effect else "skips the step"
     resolve = (
         "ask the service it calls whether that key went through, then "
         f"`{PROG} resolve {header.run} --fired` (it did: the rerun {skips}) or "
         "`--not-fired` (the rerun fires it again with the same key)"
     )
-    what = f"effect {effect!r} of step " if effect else ""
+    what = f"effect {intent.get('label')} of step " if effect else ""
     return f"{what}{intent.get('step', step)!r} may have fired (key {intent.get('key')})", resolve
 
 
@@ -146,6 +147,7 @@ def _effect_intent(header: ckpt.Checkpoint) -> dict[str, Any] | None:
     return {
         "step": header.journal["step"],
         "effect": first["name"],
+        "label": effect_label(first),
         "key": first["key"],
         "policy": first.get("policy"),
     }
@@ -299,6 +301,7 @@ def describe(
             ("size", _size_text(header, size, payload)),
             ("created", timestamp(header.created_at, now)),
             ("updated", timestamp(header.updated_at, now)),
+            ("trace id", _trace(header)),
         ],
         style,
     )
@@ -365,11 +368,12 @@ def _journal_lines(
     for entry in journal["open"]:
         resolution = entry.get("resolution")
         what = f"resolved as {resolution}" if resolution else "in doubt (it may have fired)"
+        named = f", journal name {entry['name']!r}" if "title" in entry else ""
         pairs.append(
             (
-                f"effect {entry['name']!r}",
+                f"effect {effect_label(entry)}",
                 f"{what}, idempotency key {entry['key']}, intent written "
-                f"{timestamp(float(entry['at']), now)}",
+                f"{timestamp(float(entry['at']), now)}{named}",
             )
         )
     return ["", style.bold("journal of the step in progress"), *_fields(pairs, style)]
@@ -465,6 +469,11 @@ def _cmd_ls(args: argparse.Namespace, store: Store, style: Style) -> int:
     return EXIT_OK
 
 
+def _trace(header: ckpt.Checkpoint) -> str:
+    """The run's OpenTelemetry trace id (``integrations.otel``), 32 hex digits."""
+    return format(ckpt.trace_ids(header.workflow, header.run_id, header.run_nonce)[0], "032x")
+
+
 def _cmd_show(args: argparse.Namespace, store: Store, style: Style) -> int:
     header, payload, data = load(store, *locate(store, args.run))
     gone = header.status == "deleted"  # a tombstone has no state to decode
@@ -481,6 +490,7 @@ def _cmd_show(args: argparse.Namespace, store: Store, style: Style) -> int:
             "run": header.run,
             "size": run_size(len(data), raw),
             "head_size": len(data),
+            "trace_id": _trace(header),
             "header": raw,
         }
         if args.state:

@@ -21,10 +21,11 @@ from ..errors import CorruptCheckpoint
 from ..serializers import SIGNING_KEY_ENV, JSONSerializer, SignedSerializer
 from ..stores import Store
 from ._base import EXIT_NOT_FOUND, EXIT_USAGE, PROG, CommandError
-from ._format import human_age, run_size
+from ._format import clean, human_age, run_size
 
 __all__ = [
     "RunInfo",
+    "effect_label",
     "find_runs",
     "load",
     "locate",
@@ -170,6 +171,14 @@ def run_status(
         return status
     pending = isinstance(intent, dict) and intent.get("resolution") is None
     return "in_doubt" if pending or open_effects(journal) else "stopped"
+
+
+def effect_label(entry: dict[str, Any]) -> str:
+    """How an effect is named to a person: the title its caller gave (an
+    integration's tool and arguments), else its journal name, quoted.
+    """
+    title = entry.get("title")
+    return clean(title) if isinstance(title, str) else repr(entry.get("name"))
 
 
 def open_effects(journal: object) -> list[dict[str, Any]]:

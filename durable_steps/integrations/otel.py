@@ -48,7 +48,6 @@ lock per execution orders them, and nothing here raises into a run.
 
 from __future__ import annotations
 
-import hashlib
 import threading
 from contextvars import Token
 from dataclasses import dataclass, field
@@ -60,6 +59,7 @@ from opentelemetry.context import Context
 from opentelemetry.trace import Link, NonRecordingSpan, SpanContext, Status, StatusCode, TraceFlags
 
 from .._events import Event, logger
+from .._record.checkpoint import trace_ids
 from .._run import Released
 from .._version import __version__
 from ..errors import RunSuspended, StepFailed, StepInDoubt
@@ -69,17 +69,17 @@ __all__ = ["Tracing", "trace_id"]
 _SCOPE = "durable_steps"
 
 
-def _run_context(workflow: str, run_id: str) -> SpanContext:
+def _run_context(workflow: str, run_id: str, run_nonce: str) -> SpanContext:
     """The span context every execution of the run hangs from (a pure function)."""
-    digest = hashlib.sha256(f"{workflow}/{run_id}".encode()).digest()
-    trace = int.from_bytes(digest[:16], "big") or 1  # all zeros would be invalid
-    span = int.from_bytes(digest[16:24], "big") or 1
+    trace, span = trace_ids(workflow, run_id, run_nonce)
     return SpanContext(trace, span, is_remote=True, trace_flags=TraceFlags(TraceFlags.SAMPLED))
 
 
-def trace_id(workflow: str, run_id: str) -> str:
-    """The trace id (32 hex digits) of run ``workflow/run_id``: search it in your backend."""
-    return format(_run_context(workflow, run_id).trace_id, "032x")
+def trace_id(workflow: str, run_id: str, run_nonce: str) -> str:
+    """The trace id (32 hex digits) of run ``workflow/run_id`` with nonce
+    ``run_nonce`` (``durable-steps show`` prints both): search it in your backend.
+    """
+    return format(trace_ids(workflow, run_id, run_nonce)[0], "032x")
 
 
 _Current = tuple["Token[Context]", int]
@@ -240,7 +240,7 @@ class Tracing:
             if event.step is not None:
                 run.span.set_attribute("durable_steps.run.resumed_step", event.step)
             return
-        anchor = _run_context(event.workflow, event.run_id)
+        anchor = _run_context(event.workflow, event.run_id, event.run_nonce or "")
         links = [Link(anchor, {"durable_steps.link.type": "resumes"})] if resumed else []
         caller = trace.get_current_span().get_span_context()
         if caller.is_valid:
@@ -339,6 +339,8 @@ class Tracing:
         }
         if event.call is not None:
             attributes["durable_steps.call.name"] = event.call
+        if event.title is not None:
+            attributes["durable_steps.call.title"] = event.title
         if event.idempotency_key is not None:
             attributes["durable_steps.idempotency_key"] = event.idempotency_key
         run.span.add_event(f"durable_steps.{event.kind.replace('_', '.', 1)}", attributes)
@@ -350,6 +352,8 @@ class Tracing:
         key = (event.step, event.iteration, event.attempt, name)
         parent = run.step if run.step is not None else run.span
         attributes: dict[str, Any] = {"durable_steps.call.name": name}
+        if event.title is not None:
+            attributes["durable_steps.call.title"] = event.title
         if event.idempotency_key is not None:
             attributes["durable_steps.idempotency_key"] = event.idempotency_key
         if kind == "call_started":
@@ -360,7 +364,7 @@ class Tracing:
             if name in run.refired:
                 attributes["durable_steps.effect.refired"] = True
             run.calls[key] = self._tracer.start_span(
-                f"{'effect' if effect else 'call'} {name}",
+                f"{'effect' if effect else 'call'} {event.title or name}",
                 context=trace.set_span_in_context(parent),
                 attributes=attributes,
             )
