@@ -59,6 +59,25 @@ def _kind_params(kinds: list[str]) -> list[object]:
     return [pytest.param(k, marks=marks[k]) if k in marks else k for k in kinds]
 
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--full",
+        action="store_true",
+        help="run every case of the crash-point and server matrices (tests marked matrix), "
+        "not only the sample a plain run takes; CI runs with --full",
+    )
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Without --full, leave out the matrix cases beyond each matrix's sample."""
+    if config.getoption("--full"):
+        return
+    kept = [item for item in items if item.get_closest_marker("matrix") is None]
+    if len(kept) < len(items):
+        config.hook.pytest_deselected(items=[i for i in items if i not in kept])
+        items[:] = kept
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _fork_servers() -> Iterator[None]:
     """Stops the fork servers (``tests/forkserver.py``) the suite's modules started."""
