@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 from . import testing
 from ._context import Context
 from ._events import Event, Progress
-from ._step import Retry, Step, step
+from ._step import Fired, Retry, Step, step
 from ._version import __version__
 from ._workflow import Workflow
 from .errors import (
@@ -22,6 +22,7 @@ from .errors import (
     DefinitionError,
     DurableStepsError,
     RunLocked,
+    RunNotFound,
     RunSuspended,
     SerializationError,
     SignalTimeout,
@@ -48,6 +49,7 @@ __all__ = [
     "DefinitionError",
     "DurableStepsError",
     "Event",
+    "Fired",
     "GCSStore",
     "JSONSerializer",
     "LocalStore",
@@ -57,6 +59,7 @@ __all__ = [
     "Progress",
     "Retry",
     "RunLocked",
+    "RunNotFound",
     "RunSuspended",
     "S3Store",
     "SerializationError",

@@ -30,7 +30,7 @@ import functools
 import hashlib
 import inspect
 import types
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -92,17 +92,25 @@ def decide(
     iteration: int,
     intent: dict[str, Any] | None,
     loops: bool = False,
+    renamed: Mapping[str, str] | None = None,
 ) -> Decision:
     """Map an unfinished run's position onto the ``current`` step names.
 
     ``loops`` says whether the workflow repeats its pass (``until``): a step
-    added before the position then runs from the next pass. Raises
+    added before the position then runs from the next pass. ``renamed``
+    (``{old name: step name}``, the steps' ``renamed_from``) maps the stored
+    names first, so a renamed step is the same step. Raises
     :class:`WorkflowChanged` naming the step and what to do when the run
     cannot be resumed safely.
     """
     stored, current = tuple(stored), tuple(current)
     if stored == current:
         return Decision(current, next_step, intent)
+    renames = _renames(run, stored, renamed or {})
+    if renames:  # the stored names as the current code calls them
+        stored = tuple(renames.get(s, s) for s in stored)
+        if intent is not None and intent.get("step") in renames:
+            intent = {**intent, "step": renames[intent["step"]]}
     position = stored[next_step]
     where = f"run {run} (at step {position!r}, iteration {iteration})"
     pending = intent.get("step") if intent else None
@@ -127,10 +135,28 @@ def decide(
         )
     at = current.index(position)
     _check_order(run, where, (stored, current), next_step, at)
-    notes = _notes(stored, current, next_step, at, loops)
+    notes = tuple(
+        f"step {old!r} renamed to {new!r} (renamed_from): the run knows it by its new name"
+        for old, new in renames.items()
+    ) + _notes(stored, current, next_step, at, loops)
     if intent is not None and pending is not None:
         intent = {**intent, "index": current.index(pending)}
     return Decision(current, at, intent, notes)
+
+
+def _renames(run: str, stored: tuple[str, ...], renamed: Mapping[str, str]) -> dict[str, str]:
+    """The renames that apply to a run stored with ``stored`` step names."""
+    renames = {old: new for old, new in renamed.items() if old in stored}
+    for old, new in renames.items():
+        if new in stored:
+            raise WorkflowChanged(
+                f"run {run} has both step {old!r} and step {new!r} (steps were {list(stored)}), "
+                f"so {new!r}'s renamed_from={old!r} would make two of its steps one; nothing was "
+                f"written. Drop {old!r} from renamed_from until the run has finished.",
+                run=run,
+                step=new,
+            )
+    return renames
 
 
 def _check_order(
@@ -217,8 +243,18 @@ def adopt(run: RunState, header: ckpt.Checkpoint) -> ckpt.Checkpoint:
         run.event("code_changed", detail=note)
     if decision.steps == header.steps:
         return header
+    renamed = plan.renamed()
+    journal, wait = header.journal, header.wait
+    if journal is not None and journal["step"] in renamed:  # its records follow it (_log)
+        journal = {**journal, "step": renamed[journal["step"]]}
+    if wait is not None and wait["step"] in renamed:
+        wait = {**wait, "step": renamed[wait["step"]]}
     return header.replace(
-        steps=decision.steps, next_step=decision.next_step, intent=decision.intent
+        steps=decision.steps,
+        next_step=decision.next_step,
+        intent=decision.intent,
+        journal=journal,
+        wait=wait,
     )
 
 
@@ -231,6 +267,7 @@ def _decide(header: ckpt.Checkpoint, plan: Plan) -> Decision:
         iteration=header.iteration,
         intent=header.intent,
         loops=plan.until is not None,
+        renamed=plan.renamed(),
     )
 
 

@@ -18,8 +18,9 @@ from ._drivers import AwaitableInSyncRun, Call, Protocol
 from ._events import logger
 from ._failures import give_up
 from ._run import RunState
-from ._step import Step
-from .errors import CheckpointConflict, StepInDoubt
+from ._step import Fired, Step
+from .errors import CheckpointConflict, DefinitionError, StepInDoubt
+from .stores import command_hint
 
 __all__ = ["call_owned", "settle_doubt", "settle_effects"]
 
@@ -59,6 +60,16 @@ def settle_doubt(
             raise
         except Exception as exc:
             yield from give_up(run, step, ctx, exc, what="reconcile()")
+        if isinstance(happened, Fired):
+            raise DefinitionError(
+                f"run {run.name}: reconcile() of step {step.name!r} returned "
+                f"ds.Fired(...), which answers for an effect in doubt (ctx.effect_in_doubt "
+                "is set then). For the step itself return True (it happened; record what "
+                "it did in the state) or False (fire it again with its key). Nothing was "
+                "written; the step is still in doubt.",
+                run=run.name,
+                step=step.name,
+            )
         logger.warning(
             "run %s: step %r may have fired (key %s); reconcile says %s",
             run.name,
@@ -77,7 +88,8 @@ def settle_doubt(
             f"fired before the last crash, with idempotency key {ctx.idempotency_key}. "
             "Check whether its effect happened, then call "
             f"wf.resolve({run.run_id!r}, fired=True|False) or run "
-            f"`durable-steps resolve {run.name} --fired|--not-fired`, and run it again.",
+            f"`{command_hint(run.plan.store)} resolve {run.name} --fired|--not-fired`, and "
+            "run it again.",
             run=run.name,
             step=step.name,
             key=ctx.idempotency_key,
@@ -132,8 +144,14 @@ def settle_effects(
                 entry["key"],
                 "it did" if happened else "it did not",
             )
-            entry["resolution"] = "fired" if happened else "not_fired"
             run.state = run.restore()  # the step starts from the committed state
+            if isinstance(happened, Fired):  # its result, recorded: ctx.effect returns it
+                assert ctx._journal is not None
+                yield from ctx._journal.record(
+                    entry["name"], "effect", entry["key"], happened.result
+                )
+                continue
+            entry["resolution"] = "fired" if happened else "not_fired"
         return
     if step.in_doubt == "raise":
         first = doubtful[0]
@@ -145,7 +163,8 @@ def settle_effects(
             f"{ctx.iteration}) may have fired before the last crash, with idempotency key "
             f"{first['key']}. Check whether it happened, then call "
             f"wf.resolve({run.run_id!r}, fired=True|False) or run "
-            f"`durable-steps resolve {run.name} --fired|--not-fired`, and run it again.",
+            f"`{command_hint(run.plan.store)} resolve {run.name} --fired|--not-fired`, and "
+            "run it again.",
             run=run.name,
             step=step.name,
             key=first["key"],

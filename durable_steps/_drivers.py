@@ -10,8 +10,11 @@ and ``arun`` share every line of the protocol.
 from __future__ import annotations
 
 import inspect
+import itertools
 import time
 from collections.abc import Callable, Generator
+from concurrent import futures
+from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -22,12 +25,14 @@ if TYPE_CHECKING:
     from .stores import Store
 
 __all__ = [
+    "Await",
     "AwaitableInSyncRun",
     "Call",
     "Delete",
     "Get",
     "GetMany",
     "ListKeys",
+    "ListObjects",
     "Protocol",
     "Put",
     "Sleep",
@@ -58,6 +63,16 @@ class ListKeys:
     """List the keys under a prefix: result a list of keys."""
 
     prefix: str
+
+
+@dataclass(frozen=True)
+class ListObjects:
+    """List the objects under a prefix, in key order: result a list of
+    :class:`~durable_steps.stores.ObjectInfo`, at most ``limit`` of them.
+    """
+
+    prefix: str
+    limit: int | None = None
 
 
 @dataclass(frozen=True)
@@ -95,6 +110,15 @@ class Call:
 
 
 @dataclass(frozen=True)
+class Await:
+    """Wait until ``futures`` are done: work a step left running in this
+    process (an effect still firing), waited for off the event loop.
+    """
+
+    futures: tuple[Future[Any], ...]
+
+
+@dataclass(frozen=True)
 class Sleep:
     """Wait between retries (skipped under ``testing.no_wait()``)."""
 
@@ -109,7 +133,7 @@ class AwaitableInSyncRun(DefinitionError):
     """
 
 
-Effect = Get | GetMany | ListKeys | Put | Delete | Sweep | Call | Sleep
+Effect = Get | GetMany | ListKeys | ListObjects | Put | Delete | Sweep | Call | Await | Sleep
 Protocol = Generator[Effect, Any, T]
 
 
@@ -121,7 +145,28 @@ def _next(protocol: Protocol[T], send: Any, error: BaseException | None) -> tupl
         return True, done.value
 
 
-def _perform(effect: Effect, store: Store) -> Any:  # noqa: PLR0911 - a return per effect
+def _perform(effect: Effect, store: Store) -> Any:
+    if isinstance(effect, Call):
+        result = effect.fn(*effect.args)
+        if inspect.isawaitable(result):  # an async callable that looked sync
+            if inspect.iscoroutine(result):
+                result.close()  # no "never awaited" warning on top of our error
+            raise AwaitableInSyncRun(
+                f"{getattr(effect.fn, '__name__', effect.fn)!r} returned an awaitable, so it "
+                "is async and did not run: run the workflow with `await wf.arun(...)`"
+            )
+        return result
+    if isinstance(effect, Await):
+        return futures.wait(effect.futures)
+    if isinstance(effect, Sleep):
+        if not testing.sleeps_disabled():
+            time.sleep(effect.seconds)
+        return None
+    return _request(effect, store)
+
+
+def _request(effect: Effect, store: Store) -> Any:  # noqa: PLR0911 - a return per effect
+    """Perform a store effect."""
     if isinstance(effect, Get):
         return store.get(effect.key)
     if isinstance(effect, GetMany):
@@ -133,25 +178,14 @@ def _perform(effect: Effect, store: Store) -> Any:  # noqa: PLR0911 - a return p
             return list(pool.map(store.get, effect.keys))
     if isinstance(effect, ListKeys):
         return [info.key for info in store.list(effect.prefix)]
+    if isinstance(effect, ListObjects):  # the listing pages lazily: a limit stops it early
+        return list(itertools.islice(store.list(effect.prefix), effect.limit))
     if isinstance(effect, Put):
         return store.put(effect.key, effect.data, match=effect.match)
     if isinstance(effect, Delete):
         return store.delete(effect.key, match=effect.match)
-    if isinstance(effect, Sweep):
-        return _sweep(store, effect.prefix)
-    if isinstance(effect, Call):
-        result = effect.fn(*effect.args)
-        if inspect.isawaitable(result):  # an async callable that looked sync
-            if inspect.iscoroutine(result):
-                result.close()  # no "never awaited" warning on top of our error
-            raise AwaitableInSyncRun(
-                f"{getattr(effect.fn, '__name__', effect.fn)!r} returned an awaitable, so it "
-                "is async and did not run: run the workflow with `await wf.arun(...)`"
-            )
-        return result
-    if not testing.sleeps_disabled():
-        time.sleep(effect.seconds)
-    return None
+    assert isinstance(effect, Sweep), effect
+    return _sweep(store, effect.prefix)
 
 
 async def _perform_async(effect: Effect, store: Store) -> Any:
@@ -164,6 +198,8 @@ async def _perform_async(effect: Effect, store: Store) -> Any:
         if not testing.sleeps_disabled():
             await asyncio.sleep(effect.seconds)
         return None
+    if isinstance(effect, Await):  # the work may be a task of this very loop
+        return await asyncio.wait([asyncio.wrap_future(f) for f in effect.futures])
     return await asyncio.to_thread(_perform, effect, store)
 
 

@@ -40,119 +40,45 @@ Why a crash at any instant is safe
     saves the state the calls produced.
 Concurrency
     ``asyncio.gather`` over ``acall``/``aeffect``, or threads in a sync step,
-    record concurrently: records queue, and whichever caller finds no write
-    in flight writes everything queued in one PUT (group commit) while the
-    others wait for it. Nobody returns before their own record is durable,
-    and an effect's ``fn`` starts only after its intent is.
+    record concurrently, sharing writes (group commit, in :mod:`._log`).
+    Nobody returns before their own record is durable, and an effect's
+    ``fn`` starts only after its intent is. One effect never fires twice at
+    once in a process, and the runner waits for what an attempt left
+    running before it goes on (see :mod:`._firing`).
+Where the code is
+    :class:`Journal` (here) is the calls: names, replays, keys, titles,
+    events. Its base :class:`~._log.Log` is the state and the writes.
 """
 
 from __future__ import annotations
 
-import base64
 import inspect
 import logging
-import threading
 import time
-import typing
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from concurrent.futures import Future
+from typing import Any
 
-from ._drivers import Protocol as DriverProtocol
-from ._drivers import drive_sync
+from ._firing import Firing, Outcome, claim
+from ._log import Change, Kind, Log, Result, Writer
 from ._record import checkpoint as ckpt
-from ._record import format2 as f2
-from .errors import (
-    CheckpointConflict,
-    CorruptCheckpoint,
-    DefinitionError,
-    SerializationError,
-)
-from .serializers import plain_json
+from .errors import DefinitionError
 from .stores import DEFAULT_STORE
 
-if TYPE_CHECKING:
-    from ._events import EventKind
-    from ._lease import Owner
-    from ._plan import Plan
-    from ._record.checkpoint import Signer
-
-__all__ = ["MISS", "Journal", "Writer"]
-
-
-class Writer(typing.Protocol):
-    """What a journal needs of the run it records in.
-
-    :class:`~durable_steps._run.RunState` is the one writer of a run's
-    checkpoint; it is handed to the journal (and the journal's waits) as
-    this, so the journal writes through it without knowing the runner.
-    """
-
-    plan: Plan
-    name: str
-    run_id: str
-    header: ckpt.Checkpoint
-    payload: bytes
-    parts: f2.Parts | None
-    lock: threading.Lock
-    owner: Owner
-    warned_store: bool
-
-    @property
-    def signer(self) -> Signer | None:
-        """The signing serializer, whose key signs what the run writes."""
-
-    def event(self, kind: EventKind, **fields: Any) -> None:
-        """Tell the run's subscribers."""
-
-    def conflict(self, step: str | None, *, created: bool = False) -> CheckpointConflict:
-        """The error for a write another process refused."""
-
-    def rewrite(
-        self,
-        header: ckpt.Checkpoint,
-        tail: bytes,
-        step: str | None,
-        *,
-        flush_over: int | None = None,
-        balance: bool = False,
-    ) -> DriverProtocol[None]:
-        """Write the head while a step runs (see ``RunState.rewrite``)."""
+__all__ = ["MISS", "Journal"]
 
 
 logger = logging.getLogger("durable_steps")
-Kind = Literal["call", "effect", "sleep", "signal", "timeout"]
-"""``sleep``: a wake time or a signal's deadline; ``signal``: a received payload."""
 MAX_NAME = 200
 MAX_TITLE = 200
 """A title longer than this is cut (with an ellipsis) where it is kept."""
-
-
-@dataclass(frozen=True)
-class _Result:
-    """A recorded result: the bytes it is kept as (a format-2 record, or the
-    serializer's bytes in format 1), decoded afresh on every replay.
-    """
-
-    kind: Kind
-    key: str | None
-    blob: bytes
-
-
-@dataclass(frozen=True)
-class _Change:
-    """One thing to make durable: an effect's intent, or a result."""
-
-    name: str
-    intent: dict[str, Any] | None = None
-    result: _Result | None = None
 
 
 MISS = object()
 """What :meth:`Journal.begin` returns for a name not recorded yet."""
 
 
-class Journal:
+class Journal(Log):
     """The journal of one step of one pass, shared by every attempt of it
     in this process (see the module docstring).
     """
@@ -160,16 +86,11 @@ class Journal:
     def __init__(
         self, run: Writer, step: str, iteration: int, policy: str, *, idempotent: bool = True
     ) -> None:
-        self.run = run
-        self.step = step
-        self.iteration = iteration
+        super().__init__(run, step, iteration)
         self.idempotent = idempotent
-        """False for a non-idempotent step, which may not wait (see ``_waiting``)."""
+        """False for a non-idempotent step, which may not wait (see ``_waits``)."""
         self.policy = policy
         """The step's in-doubt policy, recorded with each intent for the tools."""
-        self.results: dict[str, _Result] = {}
-        self.open: dict[str, dict[str, Any]] = {}
-        """Effects whose intent is durable and whose result is not, by name."""
         self.used: set[str] = set()
         """Names called in the current attempt."""
         self.unrecorded: dict[str, tuple[str, Any]] = {}
@@ -183,40 +104,8 @@ class Journal:
         self.attempt = 1
         self.sleeps = 0
         """``ctx.sleep`` calls so far in this attempt (they are named by order)."""
-        self.closed = False
-        self.lost = False
-        self._cond = threading.Condition()
-        self._queue: list[_Change] = []
-        self._asked = self._done = 0
-        self._writing = False
-        self._errors: dict[int, BaseException] = {}
-        self._load()
-
-    # --- loading ----------------------------------------------------------------
-
-    def _load(self) -> None:
-        """Take the journal the loaded checkpoint holds for this step, if any."""
-        run = self.run
-        field = run.header.journal
-        if field is None or (field["step"], field["iteration"]) != (self.step, self.iteration):
-            return
-        self.open = {entry["name"]: dict(entry) for entry in field["open"]}
-        if run.header.format == 1:
-            for name, kind, key, data in field["inline"]:
-                self.results[name] = _Result(kind, key, base64.b64decode(data))
-        elif run.parts is not None:
-            for meta, record in run.parts.journal:
-                step, iteration, name, kind, key = meta
-                if (step, iteration) == (self.step, self.iteration):
-                    self.results[name] = _Result(kind, key, record)
-            run.parts.journal = []  # taken: a later step's journal starts empty
-        if len(self.results) != field["calls"]:
-            raise CorruptCheckpoint(
-                f"run {run.name}: the journal of step {self.step!r} lists {field['calls']} "
-                f"results but {len(self.results)} were found; it was left untouched. "
-                "Restore the checkpoint, or delete the run to start over.",
-                run=run.name,
-            )
+        self._firings: set[Firing] = set()
+        """The effect starts of this journal still running (see ``_firing``)."""
 
     def in_doubt(self) -> list[dict[str, Any]]:
         """The open effects no process here fired and nobody resolved."""
@@ -256,23 +145,35 @@ class Journal:
         hit = self.begin(name, "effect", title)
         if hit is not MISS:
             return hit
-        fired = self.unrecorded.pop(name, None)
-        if fired is not None:  # it returned in this process; only its record failed
-            key, result = fired
-        else:
-            key, change = self._before_firing(name, fn, args, kwargs)
-            self._durable(change)
-            self._renew_if_short()
-            try:
-                result = _sync_result(fn(*args, idempotency_key=key, **kwargs), name, "effect")
-            except BaseException:
-                self.failed.add(name)
-                raise
+        while True:  # an earlier start of it still firing here is waited for
+            firing, earlier = self._claim(name)
+            if firing is not None:
+                break
+            hit = self._after(name, earlier.result())
+            if hit is not MISS:
+                return hit
+        outcome: Outcome = (False, None)
         try:
-            return self.finish(name, "effect", key, result)
-        except BaseException:
-            self.unrecorded[name] = (key, result)  # a retry records it without firing again
-            raise
+            fired = self.unrecorded.pop(name, None)
+            if fired is not None:  # it returned in this process; only its record failed
+                key, result = fired
+            else:
+                key, change = self._before_firing(name, fn, args, kwargs)
+                self._durable(change)
+                self._renew_if_short()
+                try:
+                    result = _sync_result(fn(*args, idempotency_key=key, **kwargs), name, "effect")
+                except BaseException:
+                    self.failed.add(name)
+                    raise
+            outcome = (True, result)
+            try:
+                return self.finish(name, "effect", key, result)
+            except BaseException:
+                self.unrecorded[name] = (key, result)  # a retry records it, never fires it
+                raise
+        finally:
+            self._settle(firing, outcome)
 
     async def acall(
         self, name: str, fn: Callable[..., Any], args: Any, kwargs: Any, title: str | None = None
@@ -286,7 +187,7 @@ class Journal:
         self.event("call_started", name)
         result = await _awaited(fn(*args, **kwargs))
         record = self._encode(name, "call", None, result)
-        await asyncio.to_thread(self._durable, _Change(name, result=record))
+        await asyncio.to_thread(self._durable, Change(name, result=record))
         return self._recorded(name, record)
 
     async def aeffect(
@@ -298,29 +199,88 @@ class Journal:
         hit = self.begin(name, "effect", title)
         if hit is not MISS:
             return hit
-        fired = self.unrecorded.pop(name, None)
-        if fired is not None:  # it returned in this process; only its record failed
-            key, result = fired
-        else:
-            key, change = self._before_firing(name, fn, args, kwargs)
-            await asyncio.to_thread(self._durable, change)
-            await asyncio.to_thread(self._renew_if_short)
-            try:
-                result = await _awaited(fn(*args, idempotency_key=key, **kwargs))
-            except BaseException:
-                self.failed.add(name)
-                raise
+        while True:  # an earlier start of it still firing here is awaited
+            firing, earlier = self._claim(name)
+            if firing is not None:
+                break
+            hit = self._after(name, await asyncio.wrap_future(earlier))
+            if hit is not MISS:
+                return hit
+        outcome: Outcome = (False, None)
         try:
-            record = self._encode(name, "effect", key, result)
-            await asyncio.to_thread(self._durable, _Change(name, result=record))
-        except BaseException:
-            self.unrecorded[name] = (key, result)  # a retry records it without firing again
-            raise
-        return self._recorded(name, record)
+            fired = self.unrecorded.pop(name, None)
+            if fired is not None:  # it returned in this process; only its record failed
+                key, result = fired
+            else:
+                key, change = self._before_firing(name, fn, args, kwargs)
+                await asyncio.to_thread(self._durable, change)
+                await asyncio.to_thread(self._renew_if_short)
+                try:
+                    result = await _awaited(fn(*args, idempotency_key=key, **kwargs))
+                except BaseException:
+                    self.failed.add(name)
+                    raise
+            outcome = (True, result)
+            try:
+                record = self._encode(name, "effect", key, result)
+                await asyncio.to_thread(self._durable, Change(name, result=record))
+            except BaseException:
+                self.unrecorded[name] = (key, result)  # a retry records it, never fires it
+                raise
+            return self._recorded(name, record)
+        finally:
+            self._settle(firing, outcome)
+
+    def _key(self, name: str) -> str:
+        """Effect ``name``'s idempotency key: the persisted one, else derived."""
+        opened = self.open.get(name)
+        if opened is not None:
+            return str(opened["key"])
+        return ckpt.effect_key(self.run.header.run_nonce, self.iteration, self.step, name)
+
+    def _after(self, name: str, outcome: Outcome) -> Any:
+        """Take over what an earlier start of effect ``name`` did (see ``_firing``):
+        its recorded result, replayed; else ``MISS``, with its returned result
+        left to record, or its failure to fire again after.
+        """
+        with self._cond:
+            found = self.results.get(name)
+        if found is not None:
+            self.event("call_replayed", name, key=found.key)
+            return self._value(found)
+        returned, result = outcome
+        if returned:
+            self.unrecorded.setdefault(name, (self._key(name), result))
+        else:
+            self.failed.add(name)
+        return MISS
+
+    def _claim(self, name: str) -> tuple[Firing | None, Future[Outcome]]:
+        """Claim effect ``name``'s key for this start (see ``_firing``): the claim,
+        or else the future of the earlier start to wait for first.
+        """
+        firing, earlier = claim(self._key(name))
+        if firing is None:
+            assert earlier is not None
+            return None, earlier
+        with self._cond:
+            self._firings.add(firing)
+        return firing, firing.future
+
+    def _settle(self, firing: Firing, outcome: Outcome) -> None:
+        """Release ``firing`` with ``outcome``, and forget it as this journal's."""
+        with self._cond:
+            self._firings.discard(firing)
+        firing.done(outcome)
+
+    def firings(self) -> tuple[Future[Outcome], ...]:
+        """The effects this journal's attempts started and that are still running."""
+        with self._cond:
+            return tuple(f.future for f in self._firings)
 
     def _before_firing(
         self, name: str, fn: Callable[..., Any], args: Any, kwargs: Any
-    ) -> tuple[str, _Change]:
+    ) -> tuple[str, Change]:
         """Checks before an effect's intent is written; its key and that intent."""
         _takes_key(fn, args, kwargs, name)
         self._warn_implicit_store()
@@ -400,7 +360,7 @@ class Journal:
             return None
         return MISS
 
-    def _intent(self, name: str) -> tuple[str, _Change]:
+    def _intent(self, name: str) -> tuple[str, Change]:
         """The key of effect ``name`` and the intent to write before it fires."""
         run = self.run
         opened = self.open.get(name)
@@ -422,52 +382,16 @@ class Journal:
         intent = {"name": name, "key": key, "at": round(time.time(), 3), "policy": self.policy}
         if name in self.titles:
             intent["title"] = self.titles[name]
-        return key, _Change(name, intent=intent)
+        return key, Change(name, intent=intent)
 
     def finish(self, name: str, kind: Kind, key: str | None, result: Any) -> Any:
         record = self._encode(name, kind, key, result)
-        self._durable(_Change(name, result=record))
+        self._durable(Change(name, result=record))
         return self._recorded(name, record)
 
-    def _recorded(self, name: str, record: _Result) -> Any:
+    def _recorded(self, name: str, record: Result) -> Any:
         self.event("call_recorded", name, key=record.key)
         return self._value(record)
-
-    def _encode(self, name: str, kind: Kind, key: str | None, value: Any) -> _Result:
-        """``value`` as it will be stored; a clear error if it cannot be."""
-        run = self.run
-        path = f"ctx.{kind}({name!r})"
-        try:
-            if run.parts is not None:
-                meta = [self.step, self.iteration, name, kind, key]
-                blob = run.parts.finder.journal_record(meta, value, path)
-            else:
-                if run.plan.serializer.name.startswith("json"):
-                    value = plain_json(value, path)
-                blob = run.plan.serializer.dumps(value)
-        except SerializationError as exc:
-            if kind == "effect":
-                then = (
-                    f"The effect happened; its intent stays recorded, so when the step runs "
-                    f"again it fires again with the same idempotency key {key}."
-                )
-            else:
-                then = "Nothing was recorded: the call runs again when the step does."
-            raise SerializationError(
-                f"run {run.name}: step {self.step!r}: the result of {path} cannot be saved: "
-                f"{exc.message} {then} Return a value the serializer stores (convert an SDK "
-                "object with .model_dump() or to_dict(), for instance).",
-                run=run.name,
-                step=self.step,
-                path=exc.path,
-            ) from exc
-        return _Result(kind, key, blob)
-
-    def _value(self, result: _Result) -> Any:
-        run = self.run
-        if run.parts is not None:
-            return run.parts.finder.journal_value(result.blob)
-        return run.plan.serializer.loads(result.blob)
 
     def event(self, kind: Any, name: str, *, key: str | None = None) -> None:
         self.run.event(
@@ -489,106 +413,6 @@ class Journal:
             title = self.open.get(name, {}).get("title")
             found = title if isinstance(title, str) else None
         return found
-
-    # --- making it durable -----------------------------------------------------
-
-    def _durable(self, change: _Change) -> None:
-        """Return once ``change`` is written (group commit; see the module docstring)."""
-        with self._cond:
-            self._queue.append(change)
-            self._asked += 1
-            ticket = self._asked
-            while self._done < ticket:
-                if self._writing:
-                    self._cond.wait()
-                    continue
-                batch, self._queue = self._queue, []
-                last, self._writing = self._asked, True
-                error: BaseException | None = None
-                self._cond.release()
-                try:
-                    self._write(batch)
-                except BaseException as exc:
-                    error = exc
-                finally:
-                    self._cond.acquire()
-                    self._writing = False
-                if error is not None:
-                    self._errors.update(dict.fromkeys(range(self._done + 1, last + 1), error))
-                self._done = last
-                self._cond.notify_all()
-            failure = self._errors.pop(ticket, None)
-        if failure is not None:
-            raise failure
-
-    def _write(self, batch: list[_Change]) -> None:
-        """One head write carrying ``batch``; the journal changes only once it landed."""
-        run = self.run
-        opened, results = dict(self.open), dict(self.results)
-        records = []
-        for change in batch:
-            if change.intent is not None:
-                opened[change.name] = change.intent
-            if change.result is not None:
-                opened.pop(change.name, None)
-                results[change.name] = change.result
-                if run.parts is not None:
-                    records.append(change.result.blob)
-        field: dict[str, Any] = {
-            "step": self.step,
-            "iteration": self.iteration,
-            "calls": len(results),
-            "open": list(opened.values()),
-        }
-        if run.parts is None:
-            field["inline"] = [
-                [n, r.kind, r.key, base64.b64encode(r.blob).decode()] for n, r in results.items()
-            ]
-        with run.lock:
-            if self.closed:  # the step returned, so it may have committed: this head is not ours
-                raise DefinitionError(
-                    f"run {run.name}: step {self.step!r} returned while "
-                    f"{', '.join(repr(c.name) for c in batch)} was still under way (in a thread "
-                    "or task the step left running); it was not recorded. Wait for every call "
-                    "before the step returns.",
-                    run=run.name,
-                    step=self.step,
-                )
-            if self.lost:
-                raise run.conflict(self.step)
-            tail = run.payload
-            if run.parts is not None and records:
-                tail = b"".join((tail, *(b for r in records for b in f2.frame(r))))
-                for record in records:
-                    run.parts.note(record)
-            self._rewrite(run.header.evolve(status="running", journal=field), tail)
-        self.open, self.results = opened, results
-
-    def _rewrite(self, header: ckpt.Checkpoint, tail: bytes) -> None:
-        """Write the head (``run.lock`` held); a refusal means the run is lost."""
-        run = self.run
-        try:
-            drive_sync(run.rewrite(header, tail, self.step, balance=True), run.plan.store)
-        except CheckpointConflict:
-            self.lost = True
-            raise
-
-    def _renew_if_short(self) -> None:
-        """Renew the lease before an effect fires if the intent write left little
-        of it (the same care the runner takes before a non-idempotent step).
-        """
-        run = self.run
-        if self.closed or run.owner.remaining() >= run.plan.lease / 3:
-            return  # (closed: the effect's result will be refused, see _write)
-        with run.lock:
-            self._rewrite(run.header.evolve(status="running"), run.payload)
-
-    def close(self) -> None:
-        """The step returned: refuse further calls, wait for a write in flight."""
-        with self._cond:
-            self.closed = True
-            while self._writing:
-                self._cond.wait()
 
 
 def _title(text: object) -> str:

@@ -47,3 +47,7 @@ class Plan:
     migrate: Callable[[Any, str | None], Any] | None = None
     code: dict[str, str] = field(default_factory=dict)
     """The steps' code fingerprints, recorded with every commit."""
+
+    def renamed(self) -> dict[str, str]:
+        """``{old name: step name}`` of every step's ``renamed_from``."""
+        return {old: s.name for s in self.steps for old in s.renamed_from}

@@ -5,6 +5,8 @@ from __future__ import annotations
 import base64
 from typing import TYPE_CHECKING, Any
 
+from . import _index
+from ._drivers import drive_sync
 from ._lease import describe, is_live
 from ._record import checkpoint as ckpt
 from ._record import format2 as f2
@@ -78,7 +80,9 @@ def resolve(
             step=step,
         )
     resolution = "fired" if fired else "not_fired"
-    changes: dict[str, object] = {"status": "running"}
+    # A waiting run stays waiting (its effect was left open, then it waited):
+    # only its wake, or a worker that finds it due, may move it on.
+    changes: dict[str, object] = {"status": "waiting" if header.status == "waiting" else "running"}
     if header.intent is not None:
         changes["intent"] = {**header.intent, "resolution": resolution}
     if effects and journal is not None:  # every effect in doubt gets the same answer
@@ -97,7 +101,10 @@ def resolve(
             resolved.replace(journal=journal), payload, serializer, result
         )
     try:
+        before = _index.entry_of(header)
+        made = drive_sync(_index.leaving(before, resolved), store)
         store.put(key, ckpt.encode(resolved, payload, signer), match=found[1])
+        drive_sync(_index.moved(before, resolved, made), store)
     except CheckpointConflict as exc:
         raise CheckpointConflict(
             f"run {name} changed while it was being resolved (is it running?); "

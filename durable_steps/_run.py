@@ -14,6 +14,7 @@ import threading
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
+from . import _index
 from ._drivers import Delete, Get, ListKeys, Protocol, Put, Sweep, drive_sync
 from ._events import Event, EventKind, emit, logger
 from ._lease import Heartbeat, Owner, describe
@@ -62,6 +63,14 @@ class RunState:
         """The default-store warning was given for this run (see ``_create``)."""
         self.lock = threading.Lock()
         """Held by every write made while a step runs (its journal, the heartbeat)."""
+        self.woken: dict[str, Any] | None = None
+        """The wait of a run just woken, until its step's journal settles it."""
+        self.resumed = False
+        """The run existed before this execution (a crash may have left garbage)."""
+        self.leaked = False
+        """A part this execution dropped could not be deleted."""
+        self.entry: str | None = None
+        """The index entry (``_index``) of the head last written or read."""
         self.mark: int | None = None
         """Format 2, while a step runs: the length of the committed tail, which
         the step's journal records follow (its commit drops them)."""
@@ -238,7 +247,36 @@ class RunState:
             try:
                 yield Delete(self.parts.key(part["name"]), None)
             except StoreError as exc:
+                self.leaked = True
                 logger.info("run %s: could not delete an old part (%s)", self.name, exc)
+
+    def tidy(self) -> Protocol[None]:
+        """Once the run completed: remove what crashed writers of it left behind.
+
+        A writer killed between a part and the head that would list it, or
+        between a head that dropped parts and their deletion, leaves parts
+        no head lists; a killed local write leaves a file no key names. Now
+        that the final head is written nothing will list them: parts it does
+        not list go, and the local store sweeps the run's directories. Only a
+        run resumed here, or whose own cleanup failed, can have any, so only
+        such a run, or one with parts (a crashed creation may have written some
+        before its head), pays the LIST. Best effort (a failure is logged; ``rm`` and
+        ``prune`` remove the rest).
+        """
+        if not (self.resumed or self.leaked or self.header.parts):
+            return  # a small run made and finished here: nothing can be left behind
+        workflow, run_id = self.plan.workflow, self.run_id
+        parts = f2.parts_prefix(workflow, run_id)
+        try:
+            if self.header.format == 2:
+                listed = {parts + part["name"] for part in self.header.parts}
+                for key in (yield ListKeys(parts)):
+                    if key not in listed:
+                        yield Delete(key, None)
+            for prefix in (parts, signals_prefix(workflow, run_id), f"{workflow}/{run_id}/"):
+                yield Sweep(prefix)
+        except StoreError as exc:
+            logger.info("run %s: could not remove what crashes left (%s)", self.name, exc)
 
     def clear_parts(self) -> Protocol[None]:
         """Delete everything under the run's ``parts/`` and ``signals/`` (after its tombstone)."""
@@ -255,7 +293,9 @@ class RunState:
             self.state = self.decode_state(payload)
             return True
         where = f"run {self.name}: checkpoint {self.key!r}"
-        loaded = yield from f2.load_state(header, payload, self.plan.serializer, where)
+        loaded = yield from f2.load_state(
+            header, payload, self.plan.serializer, where, self.plan.renamed()
+        )
         if loaded is None:
             return False
         self.state, self.parts = loaded
@@ -302,7 +342,13 @@ class RunState:
         """
         header = self.stamp(header, release=release)
         data = ckpt.encode(header, self.payload if payload is None else payload, self.signer)
+        creating = self.version is None
+        made = None
         try:
+            if creating:  # its index entry first, so the new run is findable (see _index)
+                yield from self._mark(header)
+            else:
+                made = yield from _index.leaving(self.entry, header)
             try:
                 self.version = yield Put(self.key, data, self.version)
             except CheckpointConflict:
@@ -311,10 +357,28 @@ class RunState:
                     raise
                 self.version = yield Put(self.key, data, self.version)
         except CheckpointConflict as exc:
-            raise self.conflict(step, created=self.version is None) from exc
+            if creating:  # another process made the run: our marker is nobody's
+                yield from _index.abandoned(header)
+            raise self.conflict(step, created=creating) from exc
         except StoreError as exc:
             raise self.store_error(exc, step) from exc
         self.header = header
+        self.entry = yield from _index.moved(self.entry, header, made)
+
+    def _mark(self, header: ckpt.Checkpoint) -> Protocol[None]:
+        """Before a new run's head: the registry, then the run's marker; and the
+        head is not sent if the marker landed too long ago (see ``_index``).
+        """
+        store = self.plan.store
+        yield from _index.registered(getattr(store, "url", None) or repr(store), header.workflow)
+        marked = yield from _index.creating(header)
+        self.entry = _index.entry_of(header)
+        if _index.too_late(marked):
+            yield from _index.abandoned(header)
+            raise StoreError(
+                f"the store took more than {_index.CREATE_WITHIN:.0f}s between the run's index "
+                "entry and its head, so the head was not written (nothing was created)"
+            )
 
     def _adopt(self, found: tuple[bytes, str] | None) -> bool:
         """Take ``found`` as our own last write if it carries our owner token."""

@@ -35,10 +35,10 @@ from typing import Any
 
 import tenacity
 
-from . import _deploy
+from . import _deploy, _index
 from ._context import Context
 from ._doubt import settle_doubt, settle_effects
-from ._drivers import AwaitableInSyncRun, Call, Get, Protocol, Sleep
+from ._drivers import Await, AwaitableInSyncRun, Call, Get, Protocol, Sleep
 from ._events import logger
 from ._failures import give_up, record_failure, sentence
 from ._journal import Journal
@@ -48,7 +48,7 @@ from ._record import checkpoint as ckpt
 from ._record import format2 as f2
 from ._run import Released, RunState, store_skew
 from ._step import Step
-from ._waiting import suspend, wake
+from ._waiting import settle_wait, suspend, wake
 from ._waits import Suspend
 from .errors import (
     CheckpointConflict,
@@ -57,6 +57,7 @@ from .errors import (
     DurableStepsError,
     RunLocked,
     SerializationError,
+    StoreError,
 )
 from .stores import DEFAULT_STORE, STORE_ENV
 
@@ -221,6 +222,8 @@ def _check(run: RunState, data: bytes, version: str) -> bool:
         claim = _check_owner(run, header) or claim
         header = _deploy.adopt(run, header)  # resume by step name
     run.header, run.payload, run.version = header, payload, version
+    run.entry = _index.entry_of(header)  # as stored: a resume's first write moves it
+    run.resumed = True
     return claim and header.status != "deleted"
 
 
@@ -295,6 +298,13 @@ def _advance(run: RunState, step: Step[..., Any], index: int) -> Protocol[None]:
             # its commit, and running it twice is harmless.)
             yield from run.write(run.header.evolve(status="running"), step.name)
 
+    woken = run.woken
+    if woken is not None and (woken["step"], woken["iteration"]) == (step.name, header.iteration):
+        run.woken = None  # woken for its signal (or deadline): record what came, off any loop
+        wait = Suspend(woken["until"], woken["signal"])
+        settled = yield from _settle_wait(run, journal, wait, ())
+        if isinstance(settled, Exception):
+            yield from give_up(run, step, ctx, settled)
     doubtful = journal.in_doubt()
     if doubtful:
         yield from settle_effects(run, step, ctx, doubtful)
@@ -326,9 +336,23 @@ def _attempts(
     heartbeat = run.heartbeat()
     suspended: Suspend | None = None
     try:
-        attempts, failure = yield from _fire(run, step, ctx, heartbeat)
-    except Suspend as wait:
-        suspended = wait
+        while True:
+            try:
+                attempts, failure = yield from _fire(run, step, ctx, heartbeat)
+                break
+            except Suspend as wait:
+                yield from _settled(run, journal)
+                if wait.pending or wait.check:  # a wait on an event loop left its I/O to us
+                    ready = yield from _settle_wait(run, journal, wait, wait.pending)
+                    if isinstance(ready, Exception):
+                        attempts, failure = ctx.attempt, ready
+                        break
+                    if ready:  # it can return now: the step runs again and finds it recorded
+                        ctx.attempt += 1
+                        run.state = run.restore()
+                        continue
+                suspended = wait
+                break
     finally:
         heartbeat.stop()
         journal.close()
@@ -370,6 +394,7 @@ def _fire(
         except AwaitableInSyncRun as exc:
             return ctx.attempt, exc  # not a failure of the step, and never retried
         except Exception as exc:
+            yield from _settled(run, ctx._journal)
             lost = heartbeat.lost or (ctx._journal is not None and ctx._journal.lost)
             if lost or isinstance(exc, CheckpointConflict):  # taken over: never retried
                 raise run.conflict(step.name) from exc
@@ -403,12 +428,40 @@ def _fire(
             ctx.attempt += 1
             run.state = run.restore()
             continue
+        yield from _settled(run, ctx._journal)
         wrong = step.wrong_return(run.state, result)
         if wrong is not None:  # a bug, not bad luck: recorded as the failure, not retried
             return ctx.attempt, wrong
         if result is not None:
             run.state = result
         return ctx.attempt, None
+
+
+def _settle_wait(
+    run: RunState, journal: Journal, wait: Suspend, pending: tuple[Any, ...]
+) -> Protocol[bool | Exception]:
+    """:func:`settle_wait`, with a bad signal (unsigned, received by another step)
+    returned as the step's failure — what it is when a sync wait meets it.
+    """
+    try:
+        return (yield from settle_wait(run, journal, wait.until, wait.signal, pending))
+    except (CheckpointConflict, StoreError):
+        raise
+    except DurableStepsError as exc:
+        return exc
+
+
+def _settled(run: RunState, journal: Journal | None) -> Protocol[None]:
+    """Wait for the effects an attempt left running (a sibling of ``gather``, a
+    thread), so they finish and are recorded before the step is retried,
+    suspended or committed — and never fire twice at once (see ``_firing``).
+    """
+    running = journal.firings() if journal is not None else ()
+    if running:
+        logger.info(
+            "run %s: waiting for %d effect(s) the step left running", run.name, len(running)
+        )
+        yield Await(running)
 
 
 def _next_wait(
@@ -495,6 +548,8 @@ def _commit(
 def _finish(run: RunState) -> Protocol[Any]:
     if run.plan.on_complete == "delete":
         yield from _tombstone(run)
+    else:
+        yield from run.tidy()
     logger.info("run %s completed", run.name)
     run.event("run_completed")
     return run.state

@@ -22,7 +22,6 @@ removed with it (``rm``, ``prune``, ``on_complete="delete"``).
 
 from __future__ import annotations
 
-import contextlib
 import hmac
 import json
 import re
@@ -30,6 +29,8 @@ import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
+from . import _index
+from ._drivers import drive_sync
 from ._record import checkpoint as ckpt
 from .errors import (
     CheckpointConflict,
@@ -39,6 +40,7 @@ from .errors import (
     SerializationError,
 )
 from .serializers import check_json
+from .stores import command_hint
 
 if TYPE_CHECKING:
     from .stores import Store
@@ -163,18 +165,11 @@ def for_run(data: bytes, nonce: str) -> bool:
     return record is not None and record.get("run_nonce") == nonce
 
 
-def consume(
-    store: Store,
-    found: tuple[bytes, str],
-    record: dict[str, Any],
-    where: list[Any],
-    signer: ckpt.Signer | None,
-) -> None:
-    """Mark a signal as received by step ``where`` (``[step, iteration]``), so that
-    another step or pass waiting for the same name is told, not given it again.
-    Best effort: the step's journal holds the payload either way.
+def consumed(record: dict[str, Any], where: list[Any], signer: ckpt.Signer | None) -> bytes:
+    """Signal ``record`` marked as received by step ``where`` (``[step, iteration]``),
+    so that another step or pass waiting for the same name is told, not given it again.
     """
-    marked = encode(
+    return encode(
         record["workflow"],
         record["run_id"],
         record["name"],
@@ -183,9 +178,6 @@ def consume(
         record.get("run_nonce"),
         consumed=where,
     )
-    key = signal_key(record["workflow"], record["run_id"], record["name"])
-    with contextlib.suppress(DurableStepsError):  # changed, unreachable: the journal has it
-        store.put(key, marked, match=found[1])
 
 
 def send(  # noqa: PLR0917 - the public wf.signal's arguments, plus where
@@ -218,7 +210,7 @@ def send(  # noqa: PLR0917 - the public wf.signal's arguments, plus where
     if found is None:
         raise DurableStepsError(
             f"run {run} does not exist, so signal {name!r} was not sent (check the run id "
-            "with `durable-steps ls`)",
+            f"with `{command_hint(store)} ls`)",
             run=run,
         )
     split = ckpt.split_header(found[0])
@@ -232,6 +224,8 @@ def send(  # noqa: PLR0917 - the public wf.signal's arguments, plus where
     data = encode(
         workflow, run_id, name, payload, signer, nonce if isinstance(nonce, str) else None
     )
+    if isinstance(nonce, str):  # the nudge first: a scan that lists the run sees it came
+        drive_sync(_index.nudged(workflow, run_id, nonce, name), store)
     key = signal_key(workflow, run_id, name)
     try:
         store.put(key, data, match=None)

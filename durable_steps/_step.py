@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import functools
 import inspect
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, Literal, ParamSpec, TypeVar, overload
 
@@ -13,7 +13,7 @@ import tenacity
 from ._record.checkpoint import validate_name
 from .errors import DefinitionError
 
-__all__ = ["Retry", "Step", "callable_with", "is_async_callable", "step"]
+__all__ = ["Fired", "Retry", "Step", "callable_with", "is_async_callable", "step"]
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -73,6 +73,23 @@ class Retry:
         )
 
 
+@dataclass(frozen=True)
+class Fired:
+    """``reconcile``'s answer for an effect that happened, with what it returned.
+
+    Asked about an effect in doubt (``ctx.effect_in_doubt`` names it),
+    ``reconcile`` returns ``False`` (it did not happen: fire it again with its
+    key), ``True`` (it happened: ``ctx.effect`` returns ``None`` for it), or
+    ``ds.Fired(result)``: it happened and returned ``result`` — recorded like
+    any effect's result, so ``ctx.effect`` returns it and the step's code
+    written for the live result works on the recovery path too. A step's own
+    ``reconcile`` (a non-idempotent step in doubt) answers ``True`` or
+    ``False`` and records the outcome in the state.
+    """
+
+    result: Any = None
+
+
 class Step(Generic[P, R]):
     """A function with durable-run options; still callable as the function.
 
@@ -88,6 +105,7 @@ class Step(Generic[P, R]):
         retry: Retry | None = None,
         in_doubt: InDoubt | None = None,
         reconcile: Callable[..., Any] | None = None,
+        renamed_from: str | Sequence[str] = (),
     ) -> None:
         label = name if name is not None else getattr(fn, "__name__", repr(fn))
         if not callable(fn):
@@ -128,6 +146,8 @@ class Step(Generic[P, R]):
         self.retry = retry
         self.in_doubt: InDoubt = in_doubt or "refire"
         self.reconcile = reconcile
+        self.renamed_from = _old_names(label, renamed_from)
+        """Earlier names of this step: a run stored under one resumes here."""
         self.takes_context = _takes_context(fn, label)
         self.is_async = is_async_callable(fn) or (
             reconcile is not None and is_async_callable(reconcile)
@@ -174,6 +194,24 @@ class Step(Generic[P, R]):
     def __repr__(self) -> str:
         kind = "idempotent" if self.idempotent else "non-idempotent"
         return f"<Step {self.name!r} ({kind})>"
+
+
+def _old_names(label: str, renamed_from: str | Sequence[str]) -> tuple[str, ...]:
+    """``renamed_from`` as a tuple of valid step names, none the step's own."""
+    olds = (renamed_from,) if isinstance(renamed_from, str) else tuple(renamed_from)
+    for old in olds:
+        try:
+            validate_name(old, "step name")
+        except DefinitionError:
+            raise DefinitionError(
+                f"step {label!r}: renamed_from={old!r} is not a step name (1-200 characters "
+                "from letters, digits and '._@=+:-')"
+            ) from None
+        if old == label:
+            raise DefinitionError(f"step {label!r}: renamed_from names the step itself")
+    if len(set(olds)) < len(olds):
+        raise DefinitionError(f"step {label!r}: renamed_from={olds!r} repeats a name")
+    return olds
 
 
 def _a(kind: type) -> str:
@@ -282,6 +320,7 @@ def step(
     retry: Retry | None = ...,
     in_doubt: InDoubt | None = ...,
     reconcile: Callable[..., Any] | None = ...,
+    renamed_from: str | Sequence[str] = ...,
 ) -> Step[P, R]: ...
 
 
@@ -294,6 +333,7 @@ def step(
     retry: Retry | None = ...,
     in_doubt: InDoubt | None = ...,
     reconcile: Callable[..., Any] | None = ...,
+    renamed_from: str | Sequence[str] = ...,
 ) -> Callable[[Callable[P, R]], Step[P, R]]: ...
 
 
@@ -305,6 +345,7 @@ def step(
     retry: Retry | None = None,
     in_doubt: InDoubt | None = None,
     reconcile: Callable[..., Any] | None = None,
+    renamed_from: str | Sequence[str] = (),
 ) -> Step[P, R] | Callable[[Callable[P, R]], Step[P, R]]:
     """Make a :class:`Step` without registering it anywhere.
 
@@ -317,11 +358,22 @@ def step(
     key, ``in_doubt="raise"`` stops with :class:`StepInDoubt` so a person
     decides, and ``reconcile(state, ctx) -> bool`` is asked first whether the
     effect already happened (True: count the step as done).
+
+    ``renamed_from`` names what this step was called before (a name or a
+    tuple of names): a run stored under an old name — at that step, with its
+    intent pending, its journal or its wait — resumes here, with the same
+    idempotency keys and its recorded calls replayed.
     """
 
     def make(f: Callable[P, R]) -> Step[P, R]:
         return Step(
-            f, idempotent=idempotent, name=name, retry=retry, in_doubt=in_doubt, reconcile=reconcile
+            f,
+            idempotent=idempotent,
+            name=name,
+            retry=retry,
+            in_doubt=in_doubt,
+            reconcile=reconcile,
+            renamed_from=renamed_from,
         )
 
     return make if fn is None else make(fn)

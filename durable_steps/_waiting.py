@@ -19,13 +19,47 @@ from typing import Any
 from ._context import Context
 from ._drivers import Get, Protocol
 from ._events import logger
+from ._journal import MISS, Journal
 from ._run import RunState
 from ._signals import for_run, signal_key
 from ._step import Step
-from ._waits import Suspend
+from ._waits import Pending, Suspend, receive
 from .errors import RunSuspended
+from .stores import command_hint
 
-__all__ = ["suspend", "suspended", "waits_for", "wake"]
+__all__ = ["settle_wait", "suspend", "suspended", "waits_for", "wake"]
+
+
+def settle_wait(
+    run: RunState,
+    journal: Journal,
+    until: float | None,
+    signal: str | None,
+    pending: Pending = (),
+) -> Protocol[bool]:
+    """Do a wait's store work for the step, off the event loop: write what it left
+    ``pending``, look for its signal and record the payload (or, past the deadline,
+    the timeout). True if the wait can return now: the step runs (again) and
+    finds it all recorded (see ``_waits``).
+    """
+    for name, kind, value in pending:
+        yield from journal.record(name, kind, None, value)
+    if signal is not None:
+        entry = f"signal:{signal}"
+        if entry in journal.results:
+            return True
+        payload = yield from receive(run, journal.step, journal.iteration, signal)
+        if payload is not MISS:
+            journal.event("signal_received", entry)
+            yield from journal.record(entry, "signal", None, payload)
+            journal.event("call_recorded", entry)
+            return True
+    if until is not None and time.time() >= until:
+        timeout = f"timeout:{signal}"
+        if signal is not None and timeout not in journal.results:
+            yield from journal.record(timeout, "timeout", None, True)
+        return True
+    return False
 
 
 def suspend(run: RunState, step: Step[..., Any], ctx: Context, wait: Suspend) -> Protocol[None]:
@@ -56,6 +90,7 @@ def wake(run: RunState) -> Protocol[None]:
     # Every write from here on says "running" and carries no wait (the first one
     # claims the run, as any resume's does).
     run.header = run.header.replace(status="running", wait=None)
+    run.woken = wait  # its step gets the payload recorded before it runs (settle_wait)
     logger.info("run %s woken at step %r (%s)", run.name, wait["step"], waits_for(wait))
     run.event("run_woken", step=wait["step"], iteration=wait["iteration"])
     run.event("run_resumed", step=wait["step"], iteration=wait["iteration"])
@@ -75,16 +110,17 @@ def waits_for(wait: dict[str, Any]) -> str:
 def suspended(run: RunState, wait: dict[str, Any]) -> RunSuspended:
     """The RunSuspended of a run that waits as ``wait`` says, with what unblocks it."""
     signal = wait["signal"]
+    cli = command_hint(run.plan.store)
     how = "Run it again then"
     if signal is not None:
         how = (
             f"Send the signal with wf.signal({run.run_id!r}, {signal!r}, payload) or "
-            f"`durable-steps signal {run.name} {signal} --data JSON`, then run it again"
+            f"`{cli} signal {run.name} {signal} --data JSON`, then run it again"
         )
     return RunSuspended(
         f"run {run.name} is waiting at step {wait['step']!r} {waits_for(wait)}. {how} "
-        "(or let `durable-steps worker` resume it, or pass wait=True to block until it "
-        "can go on).",
+        f"(or let `{cli} worker --app module:workflow` resume it, or pass wait=True to "
+        "block until it can go on).",
         run=run.name,
         step=wait["step"],
         until=wait["until"],

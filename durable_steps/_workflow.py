@@ -14,7 +14,7 @@ from ._events import Subscriber
 from ._plan import Plan
 from ._record.checkpoint import validate_name
 from ._step import InDoubt, Retry, Step, callable_with, is_async_callable
-from .errors import DefinitionError, RunSuspended
+from .errors import DefinitionError, RunNotFound, RunSuspended
 from .serializers import Serializer, SignedSerializer, resolve_serializer
 from .stores import STORE_ENV, open_store
 
@@ -113,6 +113,22 @@ class Workflow:
                 f"workflow {self.name!r} already has a step named {new.name!r}; step names "
                 "identify steps in checkpoints, so give this one another name= "
             )
+        for step in self._steps:  # an old name is one step's, and no step's own
+            for a, b in ((new, step), (step, new)):
+                if b.name in a.renamed_from:
+                    raise DefinitionError(
+                        f"workflow {self.name!r}: step {a.name!r} has renamed_from={b.name!r}, "
+                        f"but {b.name!r} is a step of the workflow too: a run stored at "
+                        f"{b.name!r} could not tell which one it is at. Drop the old name "
+                        "from renamed_from, or rename the other step."
+                    )
+            shared = set(new.renamed_from) & set(step.renamed_from)
+            if shared:
+                raise DefinitionError(
+                    f"workflow {self.name!r}: steps {step.name!r} and {new.name!r} both have "
+                    f"renamed_from={sorted(shared)[0]!r}: an old name belongs to one step. "
+                    "Keep it on the step that took that name's place."
+                )
         self._steps.append(new)
 
     @overload
@@ -125,6 +141,7 @@ class Workflow:
         retry: Retry | None = ...,
         in_doubt: InDoubt | None = ...,
         reconcile: Callable[..., Any] | None = ...,
+        renamed_from: str | Sequence[str] = ...,
     ) -> Step[P, R]: ...
 
     @overload
@@ -137,6 +154,7 @@ class Workflow:
         retry: Retry | None = ...,
         in_doubt: InDoubt | None = ...,
         reconcile: Callable[..., Any] | None = ...,
+        renamed_from: str | Sequence[str] = ...,
     ) -> Callable[[Callable[P, R]], Step[P, R]]: ...
 
     def step(
@@ -148,6 +166,7 @@ class Workflow:
         retry: Retry | None = None,
         in_doubt: InDoubt | None = None,
         reconcile: Callable[..., Any] | None = None,
+        renamed_from: str | Sequence[str] = (),
     ) -> Step[P, R] | Callable[[Callable[P, R]], Step[P, R]]:
         """Make a step (options as :func:`durable_steps.step`) and append it."""
 
@@ -159,6 +178,7 @@ class Workflow:
                 retry=retry,
                 in_doubt=in_doubt,
                 reconcile=reconcile,
+                renamed_from=renamed_from,
             )
             self._add(new)
             return new
@@ -216,7 +236,10 @@ class Workflow:
 
         A new run starts from ``state`` (``{}`` when ``None``); an unfinished
         run resumes from its checkpoint (``state`` is then ignored); a
-        completed run returns its final state and runs nothing.
+        completed run returns its final state and runs nothing. Code that
+        means to resume a run it started earlier calls :meth:`resume`, which
+        never creates one: a mistyped id then raises instead of starting a
+        new run whose effects fire again under new keys.
 
         A run being executed by another live process raises
         :class:`~durable_steps.RunLocked`. A crashed owner frees the run at
@@ -230,10 +253,25 @@ class Workflow:
         the time is due or the signal has come (polling the signal's key,
         after 0.5 s then backing off to once per 30 s), and goes on.
         """
+        return self._execute(run_id, state, takeover=takeover, wait=wait, create=True)
+
+    def resume(self, run_id: str, *, takeover: bool = False, wait: bool = False) -> Any:
+        """:meth:`run` for a run that exists: resume it (or, completed, return its
+        final state), and never create one.
+
+        An id the store has no run for raises :class:`~durable_steps.RunNotFound`
+        naming the run and the store, and nothing is written. ``takeover`` and
+        ``wait`` are :meth:`run`'s.
+        """
+        return self._execute(run_id, None, takeover=takeover, wait=wait, create=False)
+
+    def _execute(self, run_id: str, state: Any, *, takeover: bool, wait: bool, create: bool) -> Any:
         while True:
             plan = self._plan(run_id, asynchronous=False, takeover=takeover)
             try:
-                return drive_sync(_runner.execute(plan, run_id, state), self.store)
+                return drive_sync(_runner.execute(plan, run_id, state, create=create), self.store)
+            except _runner.RunGone as gone:
+                raise self._not_found(run_id) from gone
             except RunSuspended as waiting:
                 if not wait:
                     raise
@@ -245,14 +283,37 @@ class Workflow:
         """:meth:`run` under asyncio: ``async def`` steps are awaited, sync
         steps run on the event loop, store calls run in a worker thread.
         """
+        return await self._aexecute(run_id, state, takeover=takeover, wait=wait, create=True)
+
+    async def aresume(self, run_id: str, *, takeover: bool = False, wait: bool = False) -> Any:
+        """:meth:`resume` under asyncio (see :meth:`arun`)."""
+        return await self._aexecute(run_id, None, takeover=takeover, wait=wait, create=False)
+
+    async def _aexecute(
+        self, run_id: str, state: Any, *, takeover: bool, wait: bool, create: bool
+    ) -> Any:
         while True:
             plan = self._plan(run_id, asynchronous=True, takeover=takeover)
+            protocol = _runner.execute(plan, run_id, state, create=create)
             try:
-                return await drive_async(_runner.execute(plan, run_id, state), self.store)
+                return await drive_async(protocol, self.store)
+            except _runner.RunGone as gone:
+                raise self._not_found(run_id) from gone
             except RunSuspended as waiting:
                 if not wait:
                     raise
                 await _signals.await_wake_async(self.store, self.name, run_id, waiting)
+
+    def _not_found(self, run_id: str) -> RunNotFound:
+        """The error of :meth:`resume` for an id with no run in this workflow's store."""
+        where = getattr(self.store, "url", None) or repr(self.store)
+        return RunNotFound(
+            f"run {self.name}/{run_id} does not exist in {where}, so it was not resumed "
+            "(nothing was written). Check the id (`durable-steps ls` lists the runs) and "
+            "the store; start a new run with wf.run(run_id, state).",
+            run=f"{self.name}/{run_id}",
+            store=where,
+        )
 
     def signal(self, run_id: str, name: str, payload: Any = None) -> bool:
         """Send signal ``name`` with a JSON ``payload`` to run ``run_id``.

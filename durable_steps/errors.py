@@ -8,6 +8,8 @@
     ├── StepFailed                     a step's retries are used up
     ├── WorkflowChanged                the stored run came from other code
     ├── RunLocked                      another live process owns the run
+    ├── RunNotFound                    wf.resume of a run that does not exist
+    │                                  (also a ``LookupError``)
     ├── CorruptCheckpoint              unreadable, truncated, tampered, newer
     ├── SerializationError             the state cannot be encoded
     ├── StoreError                     the storage service failed
@@ -32,6 +34,7 @@ __all__ = [
     "DefinitionError",
     "DurableStepsError",
     "RunLocked",
+    "RunNotFound",
     "RunSuspended",
     "SerializationError",
     "SignalTimeout",
@@ -145,6 +148,23 @@ class WorkflowChanged(DurableStepsError):
 
 class RunLocked(DurableStepsError):
     """Another live process owns the run and its lease has not ended."""
+
+
+class RunNotFound(DurableStepsError, LookupError):
+    """``wf.resume`` (or ``aresume``) of a run id the store has no run for.
+
+    Nothing was written: a mistyped id never starts a new run (which would
+    fire its effects again under new keys). ``store`` names where it looked.
+    """
+
+    def __init__(
+        self, message: str, *, run: str | None = None, step: str | None = None, store: str = ""
+    ) -> None:
+        super().__init__(message, run=run, step=step)
+        self.store = store
+
+    def _fields(self) -> dict[str, Any]:
+        return {**super()._fields(), "store": self.store}
 
 
 class CorruptCheckpoint(DurableStepsError):

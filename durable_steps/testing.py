@@ -62,7 +62,9 @@ class CrashingStore:
 
     ``before_write=N``: the N-th ``put`` raises without writing.
     ``after_write=N``: the N-th ``put`` writes, then raises (the caller never
-    learns it succeeded). Reads, deletes and lists pass through.
+    learns it succeeded). Reads, deletes and lists pass through. Writes of
+    the index of runs (keys under ``_index/``) pass through uncounted: the
+    boundaries are the run's own writes (its checkpoint and its parts).
     """
 
     def __init__(
@@ -83,6 +85,8 @@ class CrashingStore:
 
     def put(self, key: str, data: bytes, *, match: str | None = None) -> str:
         """Count the write; crash around it when it is the chosen one."""
+        if key.startswith("_index/"):
+            return self.inner.put(key, data, match=match)
         self.writes += 1
         if self.writes == self.before_write:
             raise SimulatedCrash(f"simulated crash before write {self.writes} ({key})")

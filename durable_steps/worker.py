@@ -28,21 +28,18 @@ it) and start workers with ``durable-steps worker --app module:workflow``.
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from ._drivers import drive_async, drive_sync
 from ._events import logger
-from ._lease import is_live
-from ._record import checkpoint as ckpt
-from ._run import Released, store_skew
+from ._finding import Finder
+from ._run import Released
 from ._runner import RunGone, execute
 from .errors import (
     CheckpointConflict,
-    CorruptCheckpoint,
     DefinitionError,
     DurableStepsError,
     RunLocked,
@@ -50,11 +47,11 @@ from .errors import (
     StepFailed,
     StepInDoubt,
     StoreError,
+    WorkflowChanged,
 )
 
 if TYPE_CHECKING:
     from ._workflow import Workflow
-    from .stores import ObjectInfo
 
 __all__ = ["Worker", "WorkerReport"]
 
@@ -75,23 +72,11 @@ class WorkerReport:
     a later scan resumes each when its time is due or its signal arrives."""
     lost: list[str] = field(default_factory=list)
     """Runs another worker claimed first (or took over)."""
+    stranded: list[str] = field(default_factory=list)
+    """Runs this code cannot resume (``WorkflowChanged``: their next step is gone,
+    say): each is logged with what to do, and left for a person or other code."""
     errors: list[str] = field(default_factory=list)
     """Runs that raised anything else (logged with a traceback)."""
-
-
-@dataclass
-class _Seen:
-    version: str
-    status: str
-    owner: dict[str, Any] | None
-    updated_at: float | None = None
-    wait: dict[str, Any] | None = None
-
-    def due(self, now: float, signals: set[str]) -> bool:
-        """Whether a waiting run can go on: its time came, or its signal is listed."""
-        wait = self.wait or {}
-        until, signal = wait.get("until"), wait.get("signal")
-        return (until is not None and now >= until) or (signal is not None and signal in signals)
 
 
 class Worker:
@@ -118,14 +103,7 @@ class Worker:
         self.poll = poll
         self.statuses = ("running", "failed") if retry_failed else ("running",)
         self._stopping = threading.Event()
-        self._seen: dict[str, _Seen] = {}
-        # Runs that raised an unexpected error, with the version they had
-        # then (None until the next scan sees it): skipped until someone
-        # changes them, so a broken run is not retried in a tight loop.
-        self._quarantine: dict[str, str | None] = {}
-        self._skipped: set[str] = set()  # keys already reported as no run
-        self._prefix = f"{workflow.name}/"
-        self._suffix = f"/{ckpt.CHECKPOINT_OBJECT}"
+        self._finder = Finder(workflow.store, workflow.name, workflow.lease, self.statuses)
 
     def stop(self) -> None:
         """Finish the current steps, release their runs, then return from :meth:`run`."""
@@ -170,10 +148,11 @@ class Worker:
                 except Exception:  # where it ran failed (a Ray task out of retries)
                     logger.exception("worker: run %s/%s failed to run", self.workflow.name, run_id)
                     outcome = "errors"
+                self._finder.recheck(run_id)
                 if outcome == "transient":  # the store failed: try again next scan
                     outcome = "errors"
-                elif outcome == "errors":
-                    self._quarantine[run_id] = None
+                elif outcome in ("errors", "stranded"):  # not again until someone changes it
+                    self._finder.quarantine[run_id] = None
                 getattr(report, outcome).append(run_id)
 
     def claimable(
@@ -181,114 +160,20 @@ class Worker:
     ) -> list[str]:
         """Up to ``limit`` run ids that nobody runs now.
 
-        One LIST; a GET only for a run whose version changed since this
-        worker last read it, and none once ``limit`` runs are found (the rest
-        are read by a later scan). A waiting run is ready when its time is
-        due or its signal is among the listed objects: no GET for that either.
+        One LIST of the workflow's live runs in the index of runs; a GET only
+        for a run that is (or was) owned and whose owner's lease has run out
+        by this worker's memory (see ``_finding``). On a store written before
+        the index, one LIST of every run instead, with a warning that says how
+        to build the index.
         """
-        now = time.time()
-        skew = store_skew(self.workflow.store)
-        lease = self.workflow.lease
         found: list[str] = []
         try:
-            # The whole listing first: a run's signals sort after its checkpoint.
-            infos, signals = self._listing()
-            for info in infos:
-                if limit is not None and len(found) >= limit:
-                    break
-                run_id = self._run_id(info.key)
-                if run_id is None or run_id in exclude:
-                    continue
-                if self._quarantined(run_id, info.version):
-                    continue
-                seen = self._seen.get(info.key)
-                if seen is None or seen.version != info.version:
-                    seen = self._read(info.key)
-                if seen is None:
-                    continue
-                if seen.status == "waiting":
-                    ready = seen.due(now, signals.get(run_id, set()))
-                else:
-                    ready = seen.status in self.statuses and not is_live(
-                        seen.owner, now=now, skew=skew, since=seen.updated_at, lease=lease
-                    )
-                if ready:
-                    found.append(run_id)
-            self._forget({info.key for info in infos})
+            found = self._finder.claimable(limit, exclude)
         except DurableStepsError as exc:  # the store is down: try again at the next poll
             logger.warning("worker %s: scan failed (%s); retrying", self.workflow.name, exc)
         except Exception:  # a bug of ours or a store wrapper's: never the worker's end
             logger.exception("worker %s: scan failed; retrying", self.workflow.name)
         return found
-
-    def _forget(self, listed: set[str]) -> None:
-        """Drop what is remembered of runs no longer listed."""
-        for key in self._seen.keys() - listed:
-            del self._seen[key]
-        listed_ids = {k[len(self._prefix) : -len(self._suffix)] for k in listed}
-        for run_id in self._quarantine.keys() - listed_ids:
-            del self._quarantine[run_id]
-
-    def _listing(self) -> tuple[list[ObjectInfo], dict[str, set[str]]]:
-        """One LIST: the checkpoints under the prefix, and the signals sent, by run id."""
-        infos: list[ObjectInfo] = []
-        signals: dict[str, set[str]] = {}
-        for info in self.workflow.store.list(self._prefix):
-            if info.key.endswith(self._suffix):
-                infos.append(info)
-                continue
-            run_id, sep, name = info.key[len(self._prefix) :].partition("/signals/")
-            if sep and name:
-                signals.setdefault(run_id, set()).add(name)
-        return infos, signals
-
-    def _run_id(self, key: str) -> str | None:
-        """The run id of a checkpoint key, or None for any other object.
-
-        An object whose name is not a valid run id (an operator's copy at
-        ``wf/r1 copy/checkpoint``, a name starting with ``_``) is logged once
-        and skipped: one bad object must never stop the workers of a prefix.
-        """
-        if not key.endswith(self._suffix):
-            return None
-        run_id = key[len(self._prefix) : -len(self._suffix)]
-        try:
-            return ckpt.validate_name(run_id, "run id")
-        except DefinitionError:
-            if key not in self._skipped:
-                self._skipped.add(key)
-                logger.warning(
-                    "worker %s: skipping %r: %r is not a valid run id, so it is no run of ours",
-                    self.workflow.name,
-                    key,
-                    run_id,
-                )
-            return None
-
-    def _quarantined(self, run_id: str, version: str) -> bool:
-        if run_id not in self._quarantine:
-            return False
-        held = self._quarantine[run_id]
-        if held is None or held == version:
-            self._quarantine[run_id] = version
-            return True
-        del self._quarantine[run_id]  # changed since it failed: worth another try
-        return False
-
-    def _read(self, key: str) -> _Seen | None:
-        got = self.workflow.store.get(key)
-        if got is None:
-            self._seen.pop(key, None)
-            return None
-        try:
-            header, _ = ckpt.decode(got[0], where=f"checkpoint {key!r}")
-        except CorruptCheckpoint as exc:
-            logger.warning("worker: skipping %s", exc)
-            seen = _Seen(got[1], "corrupt", None)
-        else:
-            seen = _Seen(got[1], header.status, header.owner, header.updated_at, header.wait)
-        self._seen[key] = seen
-        return seen
 
     def _resume(self, run_id: str) -> str:
         """Resume one run in this thread; return the WorkerReport field it belongs
@@ -306,6 +191,11 @@ class Worker:
             (RunGone, "lost"),
             (RunSuspended, "waiting"),
         ]
+        stranded = (
+            "worker: run %s/%s cannot be resumed by this code and is left as it is; the "
+            "others go on. %s Check the deploy with `durable-steps plan --all --app "
+            "module:workflow`."
+        )
         try:
             if any(s.is_async for s in wf.steps):
                 import asyncio
@@ -314,6 +204,9 @@ class Worker:
             else:
                 drive_sync(protocol, wf.store)
         except BaseException as exc:  # one run's failure never stops the worker
+            if isinstance(exc, WorkflowChanged):
+                logger.error(stranded, wf.name, run_id, exc)
+                return "stranded"
             for kind, name in outcomes:
                 if isinstance(exc, kind):
                     logger.info("worker: run %s/%s %s: %s", wf.name, run_id, name, exc)

@@ -96,13 +96,15 @@ SERIALIZERS = ["json", "pickle"]
     indirect=["store_target"],
 )
 def test_growth_costs_are_proportional_to_the_change(store: ds.Store, serializer: str) -> None:
-    """300 appends of 2 KB: ≤ 1.1 PUTs per step, a small fraction of a full rewrite's
-    bytes, at most 3 parts, and a resume of 1 + 3 GETs with no LIST.
+    """300 appends of 2 KB: ≤ 1.1 PUTs per step (besides the run's index entries), a
+    small fraction of a full rewrite's bytes, at most 3 parts, and a resume of 1 + 3
+    GETs with no LIST.
     """
     counting = Counting(store)
     final = chat(counting, steps=300, serializer=serializer).run("r1", {"messages": []})
     assert len(final["messages"]) == 300
-    assert counting.calls["put"] <= 1.1 * 300 + 1
+    index = 2 + 1 + 1  # a new store's registry, the run's marker, its done entry
+    assert counting.calls["put"] <= 1.1 * 300 + 1 + index
     full_rewrites = sum(2048 * n for n in range(1, 301))
     assert counting.written < 0.08 * full_rewrites
     assert len(head(store, "chat", "r1").parts) <= 3
@@ -215,6 +217,8 @@ def test_heartbeat_flushes_a_big_tail_once_then_renews_with_the_header_only() ->
 
     class Sizes(Wrapped):
         def put(self, key: str, data: bytes, *, match: str | None = None) -> str:
+            if key.startswith("_index/"):  # the index of runs: not what is tested
+                return super().put(key, data, match=match)
             sizes.append((key.rsplit("/", 2)[-2], len(data)))
             return super().put(key, data, match=match)
 

@@ -122,18 +122,22 @@ def age(store_dir: Path, seconds: float) -> None:
         os.utime(path, (then, then), follow_symlinks=False)
 
 
-@pytest.mark.parametrize("command", ["rm", "prune"])
+@pytest.mark.parametrize("command", ["rm", "prune", "prune-unindexed"])
 def test_a_delete_killed_between_the_head_and_its_parts_leaves_nothing_unreadable(
     tmp_path: Path, command: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """rm and prune delete the head first: SIGKILLed before the parts, they
     leave no head that lists missing parts, and the parts they leave are found
-    and deleted by the next rm of that run or the next prune.
+    and deleted by the next rm of that run or the next prune (through the index
+    entry they delete last).
     """
     url = str(tmp_path / "s")
     store = grown(url, "r")
+    if command == "prune-unindexed":  # a store written before the index: prune lists all
+        store.delete("_index/workflows/chat/indexed")
+        store.delete("_index/complete")
     argv = ["rm", "chat/r"] if command == "rm" else ["prune", "--completed"]
-    killed_while_deleting(url, *argv, *(["--older-than", "0s", "--yes"] * (command == "prune")))
+    killed_while_deleting(url, *argv, *(["--older-than", "0s", "--yes"] * (command != "rm")))
     assert store.get(ckpt.checkpoint_key("chat", "r")) is None
     left = objects(store, "r")
     assert left
@@ -144,24 +148,31 @@ def test_a_delete_killed_between_the_head_and_its_parts_leaves_nothing_unreadabl
     if command == "rm":
         assert cli.main(["--store", url, "rm", "chat/r"]) == 0
         assert f"deleted {len(left)} part(s) left of run chat/r" in capsys.readouterr().out
-    else:
+    elif command == "prune-unindexed":
         prune = ["--store", url, "prune", "--completed", "--older-than", "0s", "--yes"]
         assert cli.main(prune) == 0  # too young: may be a run being created
         assert objects(store, "r") == left
         age(tmp_path / "s", 2 * _cleanup.LEFTOVER_AGE)
         assert cli.main(prune) == 0
         assert f"deleted {len(left)} part(s) left of 1 deleted run(s)" in capsys.readouterr().out
+    else:
+        # The run's done entry, deleted last, leads prune to what the kill left: a
+        # finished run's, so at once (no run being created can be behind it).
+        prune = ["--store", url, "prune", "--completed", "--older-than", "0s", "--yes"]
+        assert cli.main(prune) == 0
+        assert "deleted what was left of 1 deleted run(s): chat/r" in capsys.readouterr().out
+        assert not list(store.list("_index/done/"))
     assert objects(store, "r") == {}
 
 
-_KILL_AT_PART_LINK = """
-import os, sys
+_KILL_AT_PART_LINK = r"""
+import os, re, sys
 import durable_steps as ds
 from tests.test_format2_cleanup import chat_workflow
 
 real = os.symlink
 def symlink(src, dst, *args, **kwargs):
-    if "checkpoint" not in dst:  # a part's temporary link: its data file is written
+    if re.fullmatch(r"\.tmp-\d+-[0-9a-f]{16}-[0-9a-f]{12}", dst):  # a part's temporary link
         os.kill(os.getpid(), 9)
     return real(src, dst, *args, **kwargs)
 os.symlink = symlink
@@ -216,3 +227,48 @@ def test_a_part_killed_before_its_link_leaves_no_file_after_cleanup(
     assert not parts.exists(), sorted(p.name for p in parts.iterdir())
     if cleanup != "on_complete=delete":
         assert not (root / "chat" / "r1").exists()
+
+
+@pytest.mark.parametrize(
+    "crash",
+    [
+        "after-part:1:0",
+        "before-drop:1:0",
+        pytest.param("after-part:4:0", marks=pytest.mark.matrix),
+        pytest.param("after-part:7:0", marks=pytest.mark.matrix),
+        pytest.param("before-drop:3:0", marks=pytest.mark.matrix),
+        pytest.param("after-commit:send:2", marks=pytest.mark.matrix),
+    ],
+)
+@pytest.mark.parametrize(
+    "durable_target", ["local", pytest.param("seaweedfs", marks=pytest.mark.s3)], indirect=True
+)
+def test_a_run_that_completes_after_a_crash_leaves_only_what_its_head_lists(
+    durable_target: Any, tmp_path: Path, crash: str
+) -> None:
+    """SIGKILL at a part, a drop or a commit, then the run resumed to completion: the
+    store holds the head and the parts it lists, nothing else (on local, no file of a
+    killed write either)."""
+    from tests.test_format2 import child, workflow_name
+
+    assert child(durable_target, tmp_path, crash).returncode == -signal.SIGKILL
+    assert child(durable_target, tmp_path, None).returncode == 0
+    store = durable_target.open()
+    try:
+        name = workflow_name("plain")
+        found = store.get(ckpt.checkpoint_key(name, "r1"))
+        assert found is not None
+        header, _ = ckpt.decode(found[0], where="test")
+        assert header.status == "completed"
+        listed = {f"{name}/r1/checkpoint"} | {
+            f2.parts_prefix(name, "r1") + part["name"] for part in header.parts
+        }
+        assert {info.key for info in store.list(f"{name}/r1/")} == listed
+    finally:
+        store.close()
+    if durable_target.kind == "local":
+        root = Path(durable_target.url) / name / "r1"
+        on_disk = {p.relative_to(root).as_posix() for p in root.rglob("*") if p.is_file()}
+        hidden = {p for p in on_disk if p.rpartition("/")[2].startswith(".")}
+        links = {os.readlink(root / k.split("/", 2)[2]) for k in listed}
+        assert {h.rpartition("/")[2] for h in hidden} == links  # each link's own file only

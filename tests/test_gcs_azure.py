@@ -531,7 +531,9 @@ def test_request_budget_and_faults_on_every_kind_of_write(
     s = server.open(bucket, prefix, endpoint_url=proxy.endpoint_url, sleep=lambda _: None)
     ledger: list[tuple[int, str]] = []
     assert agent(s, ledger, set()).run("clean", {"log": [], "passes": 0}) == FINAL
-    assert proxy.counts == {"GET": 1, WRITE[kind]: 1 + 2 * 4}
+    # the run's GET and its writes, with the index's: the registry (2 LISTs, which are
+    # GETs here, and 2 writes: a new store), the marker, the done entry, the marker's DELETE
+    assert proxy.counts == {"GET": 1 + 2, WRITE[kind]: 4 + 2 * 4 + 1, "DELETE": 1}
     proxy.clear()
     method = WRITE[kind]
     schedule: dict[int, Callable[[], None]] = {

@@ -468,6 +468,8 @@ def test_kill_points_are_distinct_head_writes(tmp_path: Path) -> None:
 
     class Recorder(KillingStore):
         def put(self, key: str, data: bytes, *, match: str | None = None) -> str:
+            if key.startswith("_index/"):  # the index of runs: not what is tested
+                return super().put(key, data, match=match)
             if "/parts/" not in key:
                 seen.append(self.classify(data, match))
             return super().put(key, data, match=match)

@@ -338,6 +338,8 @@ def real_checkpoints() -> list[bytes]:
 
     class Recording(Wrapped):
         def put(self, key: str, data: bytes, *, match: str | None = None) -> str:
+            if key.startswith("_index/"):  # the index of runs: not what is tested
+                return super().put(key, data, match=match)
             found.append(data)
             return super().put(key, data, match=match)
 

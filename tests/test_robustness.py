@@ -14,7 +14,7 @@ import durable_steps as ds
 from durable_steps import cli
 from durable_steps._lease import Heartbeat
 from durable_steps._record import checkpoint as ckpt
-from durable_steps.cli import _cleanup, _runs
+from durable_steps.cli import _cleanup
 from durable_steps.errors import StoreError
 from tests.storetools import Wrapped, rewrite_header
 
@@ -104,14 +104,14 @@ def test_prune_does_not_count_runs_it_kept(
     wf.step(name="a")(lambda s: None)
     wf.run("r1", {})
     wf.run("r2", {})
-    real = _runs.find_runs
+    real = _cleanup._candidates
 
     def find_then_change(*args: Any) -> Any:
         runs = real(*args)
         rewrite_header(store, ckpt.checkpoint_key("pr", "r2"), note="changed")  # after listing
         return runs
 
-    monkeypatch.setattr(_cleanup, "find_runs", find_then_change)
+    monkeypatch.setattr(_cleanup, "_candidates", find_then_change)
     code = cli.main(["--store", url, "prune", "--completed", "--older-than", "0s", "--yes"])
     out = capsys.readouterr()
     assert code == 0, out.err

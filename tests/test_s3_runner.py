@@ -96,7 +96,10 @@ FINAL = {"log": ["plan0", "pay0", "draft0", "plan1", "pay1", "draft1"], "passes"
 
 
 def test_request_budget_over_the_wire(server: S3Server, bucket: str) -> None:
-    """1 PUT per idempotent step, 2 per non-idempotent, 1 to create; resume: 1 GET, no LIST."""
+    """1 PUT per idempotent step, 2 per non-idempotent; creating a run costs its head and
+    its index marker, completing it a done entry and the marker's DELETE (the first run
+    of a workflow in a process also looks it up in the registry); resume: 1 GET, no LIST.
+    """
     client = server.client()
     store = ds.S3Store(bucket, f"budget-{uuid.uuid4().hex[:8]}", client=client)
     store.check_conditional_writes()  # once per process and bucket, not per run
@@ -104,23 +107,27 @@ def test_request_budget_over_the_wire(server: S3Server, bucket: str) -> None:
     ledger: list[tuple[int, str]] = []
 
     assert agent(store, ledger, set()).run("fresh", {"log": [], "passes": 0}) == FINAL
-    # create + 2 passes x (plan 1 + pay 2 + draft 1); one GET to look for the run
-    assert wire.counts() == {"GET": 1, "PUT": 1 + 2 * 4}
+    # registry (LIST it, LIST the store: empty, so PUT "complete" and the workflow's
+    # entry) + marker + create + 2 passes x (plan 1 + pay 2 + draft 1) + done entry,
+    # and the DELETE of the marker
+    assert wire.counts() == {"GET": 1, "LIST": 2, "PUT": 2 + 1 + 1 + 2 * 4 + 1, "DeleteObject": 1}
 
     wire.reset()
     with pytest.raises(SimulatedCrash):
         agent(store, ledger, {"draft:1"}).run("crashy", {"log": [], "passes": 0})
-    assert wire.counts() == {"GET": 1, "PUT": 1 + 4 + 3}  # draft:1 never committed
+    assert wire.counts() == {"GET": 1, "PUT": 1 + 1 + 4 + 3}  # draft:1 never committed
 
     wire.reset()
     assert agent(store, ledger, set()).run("crashy") == FINAL
-    assert wire.counts() == {"GET": 1, "PUT": 1}  # draft:1's commit, which also claims the run
+    # draft:1's commit (which also claims the run), its done entry and the marker's
+    # DELETE; a resumed run LISTs its parts once at completion for what crashes left
+    assert wire.counts() == {"GET": 1, "PUT": 2, "DeleteObject": 1, "LIST": 1}
 
     wire.reset()
     assert agent(store, ledger, set()).run("crashy") == FINAL
     assert wire.counts() == {"GET": 1}  # completed: read, run nothing
 
-    assert sum(op == "PutObject" for op, _ in wire.everything) == 9 + 8 + 1
+    assert sum(op == "PutObject" for op, _ in wire.everything) == 13 + 9 + 2
     assert wire.unconditional_puts() == 0
     assert len({key for _, key in ledger}) == 4  # two runs x two passes, one key each
 
@@ -135,17 +142,20 @@ def test_probe_is_paid_once_per_process_and_bucket(server: S3Server) -> None:
     assert wire.counts() == {}  # nothing at construction: a read-only store never probes
     ledger: list[tuple[int, str]] = []
     assert agent(first, ledger, set()).run("r", {"log": [], "passes": 0}) == FINAL
-    assert wire.counts() == {"PUT": 2 + 1 + 2 * 4, "DeleteObject": 1, "GET": 1}
+    # the probe's 2 PUTs and DELETE, then the run (see the budget test above)
+    run = {"GET": 1, "LIST": 2, "PUT": 4 + 2 * 4 + 1, "DeleteObject": 1}
+    assert wire.counts() == {**run, "PUT": 2 + run["PUT"], "DeleteObject": 2}
     wire.reset()
     second = ds.S3Store(bucket, "b", client=client)
     assert agent(second, ledger, set()).run("r", {"log": [], "passes": 0}) == FINAL
-    assert wire.counts() == {"GET": 1, "PUT": 1 + 2 * 4}
+    assert wire.counts() == run
     assert wire.unconditional_puts() == 0
     client.close()
 
 
 class FaultsBeforeWrites:
-    """Queues a proxy fault just before the store's N-th write (1-based)."""
+    """Queues a proxy fault just before the store's N-th write (1-based) of a run's own
+    objects (its index entries pass through uncounted, as CrashingStore does)."""
 
     def __init__(self, inner: ds.Store, schedule: dict[int, Callable[[], None]]) -> None:
         self.inner, self.schedule, self.writes = inner, schedule, 0
@@ -154,6 +164,8 @@ class FaultsBeforeWrites:
         return getattr(self.inner, name)
 
     def put(self, key: str, data: bytes, *, match: str | None = None) -> str:
+        if key.startswith("_index/"):
+            return self.inner.put(key, data, match=match)
         self.writes += 1
         if self.writes in self.schedule:
             self.schedule[self.writes]()

@@ -189,6 +189,28 @@ class TestStoreConformance:
             assert info.modified > 0
         assert {o.key for o in store.list("")} == set(versions)
 
+    def test_list_is_in_key_order_and_may_stop_early(self, store: ds.Store) -> None:
+        """list() yields keys in ascending order (the index of runs reads the newest
+        finished runs first by it), at every depth, and a reader may stop after a few."""
+        keys = [
+            "_index/done/w/0000002/0000000000009-aa-completed-r9",
+            "_index/done/w/0000001/0000000000005-aa-completed-r5",
+            "_index/done/w/0000001/0000000000001-aa-completed-r1",
+            "_index/live/w/r-2/queued-0123456789abcdef",
+            "_index/live/w/r-1/running-0123456789abcdef",
+            "_index/live/w/r-1/signal-0123456789abcdef-go",
+        ]
+        for key in keys:
+            store.put(key, b"")
+        listed = [o.key for o in store.list("_index/")]
+        assert listed == sorted(keys)
+        first = []
+        for info in store.list("_index/done/w/"):
+            first.append(info.key)
+            if len(first) == 2:
+                break
+        assert first == sorted(keys)[:2]
+
     def test_large_object(self, store: ds.Store) -> None:
         """A 3 MB object round-trips intact."""
         data = bytes(range(251)) * (3 * 1024 * 1024 // 251)

@@ -24,6 +24,8 @@ from typing import Any
 import pytest
 
 import durable_steps as ds
+from durable_steps import _index
+from durable_steps._drivers import drive_sync
 from durable_steps._record import checkpoint as ckpt
 from tests import workerapp
 from tests.conftest import StoreTarget, one_s3_kind_each
@@ -179,7 +181,8 @@ class CountingStore:
 
 
 def test_scan_reads_only_changed_runs(files: dict[str, Path]) -> None:
-    """A scan is one LIST; unchanged runs are not read again, changed ones are."""
+    """A scan is one LIST of the index of runs: a submitted run is ready by its marker
+    (no GET), a scan with nothing changed reads nothing, a finished run leaves it."""
     counting = CountingStore(ds.MemoryStore())
     wf = fleet(counting)  # type: ignore[arg-type]
     for i in range(30):
@@ -187,14 +190,14 @@ def test_scan_reads_only_changed_runs(files: dict[str, Path]) -> None:
     worker = ds.Worker(wf)
     counting.calls.clear()
     assert len(worker.claimable()) == 30
-    assert dict(counting.calls) == {"list": 1, "get": 30}
+    assert dict(counting.calls) == {"list": 2}  # the registry (once), the live runs
     counting.calls.clear()
     assert len(worker.claimable()) == 30
     assert dict(counting.calls) == {"list": 1}
     wf.run("r7")
     counting.calls.clear()
     assert "r7" not in worker.claimable()
-    assert dict(counting.calls) == {"list": 1, "get": 1}
+    assert dict(counting.calls) == {"list": 1}
 
 
 def test_worker_leaves_failed_in_doubt_and_live_runs(files: dict[str, Path]) -> None:
@@ -367,19 +370,26 @@ def test_a_straggler_that_wakes_first_wins_and_the_taker_runs_nothing(
 def test_objects_that_are_no_run_never_stop_a_worker(
     tmp_path: Path, files: dict[str, Path], caplog: pytest.LogCaptureFixture
 ) -> None:
-    """An operator's copy at an invalid run id ('r1 copy', '_tmp') is skipped with a warning,
-    and the worker goes on with the real runs."""
+    """An operator's copy at an invalid run id ('r1 copy', '_tmp'), a stray object in
+    the index: the worker goes on with the real runs; where it lists every run (a
+    store the index does not cover yet) it skips the copies with a warning."""
     store = ds.LocalStore(tmp_path / "store")
     wf = fleet(store)
     wf.submit("r1", workerapp.initial_state())
     data = store.get(ckpt.checkpoint_key("fleet", "r1"))[0]  # type: ignore[index]
     store.put("fleet/r1 copy/checkpoint", data)
     store.put("fleet/_tmp/checkpoint", data)
+    store.put("_index/live/fleet/r1 copy/queued-0123456789abcdef", b"")
+    store.put("_index/live/fleet/r1/notes.txt", b"an operator's")
+    report = ds.Worker(wf, poll=0.05).run(until_idle=True)
+    assert (report.completed, report.errors) == (["r1"], [])
+    wf.submit("r2", workerapp.initial_state())
+    store.delete("_index/workflows/fleet/indexed")  # as if written before the index
     with caplog.at_level(logging.WARNING, logger="durable_steps"):
         report = ds.Worker(wf, poll=0.05).run(until_idle=True)
-    assert report.completed == ["r1"]
-    assert report.errors == []
+    assert (report.completed, report.errors) == (["r2"], [])
     assert "'r1 copy' is not a valid run id" in caplog.text
+    assert "durable-steps reindex --workflow fleet" in caplog.text
 
 
 # --- the fleet --------------------------------------------------------------------------
@@ -422,7 +432,6 @@ def test_fleet_of_workers_survives_random_kills(
     workers = [_start_worker(durable_target, children) for _ in range(4)]
     rng = random.Random(1234)
     kills = 0
-    checker = ds.Worker(wf)  # its scan cache makes polling for completion cheap
     done: set[str] = set()
     deadline = time.monotonic() + 150
     while len(done) < len(runs):
@@ -434,8 +443,8 @@ def test_fleet_of_workers_survives_random_kills(
             workers[victim].wait()
             kills += 1
             workers[victim] = _start_worker(durable_target, children)
-        checker.claimable()
-        done = {k.split("/")[1] for k, s in checker._seen.items() if s.status == "completed"}
+        # The index's done entries tell which runs finished: one cheap LIST.
+        done = {e.run_id for e in drive_sync(_index.done_runs("fleet"), store)}
     assert kills == 12, f"the runs were done after {kills} kills: the fleet was never tested"
     for w in workers:
         w.signal(signal.SIGTERM)
@@ -543,6 +552,8 @@ NOISY_APP = """
 import logging
 
 import durable_steps as ds
+from durable_steps import _index
+from durable_steps._drivers import drive_sync
 
 
 def chatty(state):

@@ -368,9 +368,17 @@ def _digest(data: bytes) -> str:
 
 
 def load_state(
-    header: ckpt.Checkpoint, tail: bytes, serializer: Serializer, where: str
+    header: ckpt.Checkpoint,
+    tail: bytes,
+    serializer: Serializer,
+    where: str,
+    renamed: dict[str, str] | None = None,
 ) -> Protocol[tuple[Any, Parts] | None]:
     """Read a format-2 head's parts (in parallel) and rebuild the state.
+
+    The journal records kept are those of the step the header's journal names
+    (``renamed``: old step names as the header now calls them, for records
+    written before a step was renamed).
 
     Returns None when a part is missing (compaction deleted it after a newer
     head replaced this one: the caller reads the head again). Every part is
@@ -387,7 +395,8 @@ def load_state(
         nonlocal state
         ops = parts.finder.ops(record)
         if ops and ops[0][0] == JOURNAL:  # a call's record: the step in progress's only
-            if ops[0][1][:2] == current:
+            step, iteration = ops[0][1][:2]
+            if [(renamed or {}).get(step, step), iteration] == current:
                 parts.journal.append((ops[0][1], record))
         else:
             state = apply(state, ops)

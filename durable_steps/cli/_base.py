@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextvars
 import json
 from collections.abc import Callable
 from pathlib import Path
@@ -21,6 +22,7 @@ __all__ = [
     "RUN_HELP",
     "CommandError",
     "arg",
+    "cmd",
     "json_argument",
     "run_ref",
     "workflow_name",
@@ -32,6 +34,17 @@ RUN_HELP = (
     "that only one run has"
 )
 EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_NOT_FOUND, EXIT_REFUSED = 0, 1, 2, 3, 4
+
+INVOKED: contextvars.ContextVar[str] = contextvars.ContextVar("invoked", default=PROG)
+"""``durable-steps`` with the global options this invocation needs to reach its
+store (``--store URL``), as set by ``main``: what a hint's command starts with."""
+
+
+def cmd() -> str:
+    """The command a hint suggests begins with this: ``durable-steps`` and the
+    ``--store`` the invocation was given, so the suggestion works as printed.
+    """
+    return INVOKED.get()
 
 
 class CommandError(Exception):

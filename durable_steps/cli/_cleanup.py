@@ -13,7 +13,10 @@ under the run's ``parts/``:
   its ``parts/``, and ``prune`` deletes parts no head is left for once they
   are as old as ``--older-than`` and at least :data:`LEFTOVER_AGE` (a run
   being created writes its first part a moment before its head: a younger
-  part may be that). Both come out of the LIST each command makes anyway.
+  part may be that).
+- The run's entries in the index of runs go last: until then they lead
+  ``prune`` (which reads the index, not every run, where the index covers
+  the store) to what an interrupted delete left.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from collections import defaultdict
 from collections.abc import Callable
 from typing import Any
 
+from .. import _index
 from .._drivers import drive_sync
 from .._record import checkpoint as ckpt
 from .._run import clear_objects
@@ -39,6 +43,7 @@ from ._base import (
     RUN_HELP,
     CommandError,
     arg,
+    cmd,
     run_ref,
     workflow_name,
 )
@@ -52,11 +57,11 @@ from ._format import (
     status_label,
     table,
 )
+from ._indexed import aged, covered, locate
 from ._runs import (
     RunInfo,
     effect_label,
     find_runs,
-    locate,
     open_effects,
     owner_text,
     peek_header,
@@ -75,6 +80,7 @@ def _cmd_rm(args: argparse.Namespace, store: Store, style: Style) -> int:
     found = store.get(key)
     if found is None:
         left = _delete_parts(store, workflow, run_id)
+        _forget(store, workflow, run_id, None)
         if left:  # an rm or prune that stopped between the head and the parts
             echo(f"deleted {left} part(s) left of run {name}, whose checkpoint was already gone")
             return EXIT_OK
@@ -98,6 +104,7 @@ def _cmd_rm(args: argparse.Namespace, store: Store, style: Style) -> int:
         header.get("intent"),
         since=header.get("updated_at"),
         journal=header.get("journal"),
+        committed=header.get("committed"),
     )
     intent = header.get("intent")
     if not args.force and status == "running":
@@ -116,12 +123,13 @@ def _cmd_rm(args: argparse.Namespace, store: Store, style: Style) -> int:
         )
         raise CommandError(
             f"run {name} has {what}: deleting the run forgets the key, so a new run would "
-            f"fire it again with a new one. Resolve it (`{PROG} resolve {name} "
+            f"fire it again with a new one. Resolve it (`{cmd()} resolve {name} "
             "--fired|--not-fired`) or pass --force",
             EXIT_REFUSED,
         )
     store.delete(key, match=found[1])  # refused if the run changed since we looked
     _delete_parts(store, workflow, run_id)
+    _forget(store, workflow, run_id, header)
     size = human_size(run_size(len(found[0]), header))
     if status == "deleted":
         echo(f"deleted the tombstone of {name} ({size}): the id is free for a new run")
@@ -141,7 +149,7 @@ def _cmd_prune(args: argparse.Namespace, store: Store, style: Style) -> int:
     chosen, kept = _choose(store, args, wanted, now)
     if kept:
         echo(
-            f"{PROG}: keeping {kept} run(s) with a step in doubt; see `{PROG} ls`",
+            f"{PROG}: keeping {kept} run(s) with a step in doubt; see `{cmd()} ls`",
             stream=sys.stderr,
         )
     leftovers = _prune_leftovers(store, args, now)
@@ -169,6 +177,7 @@ def _cmd_prune(args: argparse.Namespace, store: Store, style: Style) -> int:
             echo(f"{PROG}: kept {run.name}: it changed since it was listed", stream=sys.stderr)
             continue
         _delete_parts(store, run.workflow, run.run_id)
+        _forget(store, run.workflow, run.run_id, run.header)
         deleted.append(run)
         echo(f"deleted {run.name} ({status_label(run.status)}, {human_size(run.size)})")
     size = human_size(sum(r.size for r in deleted))
@@ -176,12 +185,33 @@ def _cmd_prune(args: argparse.Namespace, store: Store, style: Style) -> int:
     return EXIT_OK
 
 
+def _forget(store: Store, workflow: str, run_id: str, raw: dict[str, Any] | None) -> None:
+    """After a run's head and parts are deleted: its index entries, last (so an
+    interrupted delete is still found through them, see the module docstring).
+    """
+    drive_sync(_index.removed(workflow, run_id, raw), store)
+
+
+def _candidates(
+    store: Store, args: argparse.Namespace, wanted: set[str], now: float
+) -> list[RunInfo]:
+    """The runs ``prune`` looks at: through the index where it covers the
+    workflow (finished runs by their done entries' times, failed ones by their
+    markers), else every run.
+    """
+    if not covered(store, args.workflow):
+        return find_runs(store, args.workflow)
+    before = now - args.older_than if wanted & {"completed", "deleted"} else None
+    runs, _ = aged(store, args.workflow, finished_before=before, failed="failed" in wanted)
+    return runs
+
+
 def _choose(
     store: Store, args: argparse.Namespace, wanted: set[str], now: float
 ) -> tuple[list[tuple[RunInfo, float]], int]:
     """The runs to prune with their ages, and how many are kept for an intent."""
     kept, chosen = 0, []
-    for run in find_runs(store, args.workflow):
+    for run in _candidates(store, args, wanted, now):
         h = run.header
         if run.problem is not None or h is None or run.status not in wanted:
             continue
@@ -205,6 +235,8 @@ def _delete_parts(store: Store, workflow: str, run_id: str) -> int:
 
 def _prune_leftovers(store: Store, args: argparse.Namespace, now: float) -> int:
     """List (dry run) or delete the parts interrupted deletes left; how many."""
+    if covered(store, args.workflow):  # a done entry is written after its head: no creation
+        return _prune_orphans(store, args, now - args.older_than)
     found = _leftovers(store, args.workflow, now - max(args.older_than, LEFTOVER_AGE))
     parts = [info for infos in found.values() for info in infos]
     if not parts:
@@ -217,6 +249,29 @@ def _prune_leftovers(store: Store, args: argparse.Namespace, now: float) -> int:
         store.delete(info.key)
     print(f"deleted {what} ({human_size(sum(i.size for i in parts))})")
     return len(parts)
+
+
+def _prune_orphans(store: Store, args: argparse.Namespace, before: float) -> int:
+    """:func:`_prune_leftovers` through the index: the runs whose head is gone while
+    their entries are left (a delete stopped after the head) — their parts,
+    signals and entries; how many runs.
+    """
+    _, orphans = aged(store, args.workflow, finished_before=before, failed=False)
+    gone = [o for o in orphans if o.gone]
+    if not args.yes:
+        if gone:
+            names = ", ".join(sorted(f"{o.workflow}/{o.run_id}" for o in gone))
+            print(f"would delete what is left of {len(gone)} deleted run(s): {names}")
+        return len(gone)
+    for orphan in orphans:  # the stale ones too: a done entry its head no longer calls for
+        if orphan.gone:
+            _delete_parts(store, orphan.workflow, orphan.run_id)
+        for key in orphan.keys:
+            store.delete(key)
+    if gone:
+        names = ", ".join(sorted(f"{o.workflow}/{o.run_id}" for o in gone))
+        print(f"deleted what was left of {len(gone)} deleted run(s): {names}")
+    return len(gone)
 
 
 def _leftovers(store: Store, workflow: str | None, before: float) -> dict[str, list[ObjectInfo]]:

@@ -34,7 +34,8 @@ from ._base import (
     run_ref,
 )
 from ._format import Style, clean
-from ._runs import effect_label, find_runs, load, locate, open_effects, run_status
+from ._indexed import covered, live, locate
+from ._runs import effect_label, find_runs, load, open_effects, run_status
 
 __all__ = ["register"]
 
@@ -65,7 +66,12 @@ def _assess(workflow: Workflow, data: bytes, name: str, key: str) -> dict[str, A
     except CorruptCheckpoint as exc:
         return _corrupt(name, exc.message)
     status = run_status(
-        header.status, header.owner, header.intent, since=header.updated_at, journal=header.journal
+        header.status,
+        header.owner,
+        header.intent,
+        since=header.updated_at,
+        journal=header.journal,
+        committed=header.committed,
     )
     out: dict[str, Any] = {"run": name, "status": status}
     if header.status in _FINISHED:
@@ -123,7 +129,8 @@ def _cmd_plan(args: argparse.Namespace, store: Store, style: Style) -> int:
     store = workflow.store
     results = []
     if args.all:
-        for info in find_runs(store, workflow.name):
+        runs = live(store, workflow.name) if covered(store, workflow.name) else None
+        for info in runs if runs is not None else find_runs(store, workflow.name):
             if info.status == "corrupt":  # unreadable, or another run's checkpoint
                 results.append(_corrupt(info.name, info.problem or "unreadable"))
                 continue
@@ -173,7 +180,7 @@ def _serializer(header: ckpt.Checkpoint) -> Serializer:
     return resolve_serializer("json", key)
 
 
-def _cmd_fork(args: argparse.Namespace, store: Store, _style: Style) -> int:
+def _cmd_fork(args: argparse.Namespace, store: Store, style: Style) -> int:
     new_run = args.new_run
     workflow = _app(args, store) if args.app else None
     if workflow is not None:
@@ -190,8 +197,16 @@ def _cmd_fork(args: argparse.Namespace, store: Store, _style: Style) -> int:
         drive_sync(_deploy.fork(plan, run_id, new_run), store)
     except _deploy.ForkRefused as exc:
         raise CommandError(exc.message, EXIT_REFUSED) from exc
-    print(f"forked {name}/{run_id} -> {name}/{new_run}; run it with wf.run({new_run!r})")
-    return EXIT_OK
+    print(f"forked {name}/{run_id} -> {name}/{new_run}; run it with wf.resume({new_run!r})")
+    if workflow is None:
+        return EXIT_OK
+    key = ckpt.checkpoint_key(name, new_run)
+    found = store.get(key)
+    if found is None:  # deleted at once by someone else: nothing to say of it
+        return EXIT_OK
+    result = _assess(workflow, found[0], f"{name}/{new_run}", key)
+    print("\n".join(_lines(result, style)))  # what the new code does with the fork
+    return EXIT_OK if result["resumes"] else EXIT_REFUSED
 
 
 def register(command: Callable[..., Any]) -> None:
@@ -220,13 +235,19 @@ def register(command: Callable[..., Any]) -> None:
         "a new nonce, so its non-idempotent steps get new idempotency keys; RUN is left as "
         "it is. The new run is not started: rerun the workflow (or a worker) on it. Refused "
         f"(exit 4) if NEW_RUN exists or RUN has finished. Without --app a JSON run is read "
-        f"with its own serializer (a signed one with ${SIGNING_KEY_ENV}).",
+        f"with its own serializer (a signed one with ${SIGNING_KEY_ENV}). With --app (the "
+        "new code) it then says what that code does with the fork, as plan does, and exits "
+        "4 if it would not resume it.",
     )
     fork.add_argument("run", metavar="RUN", type=run_ref, help=RUN_HELP)
     fork.add_argument(
         "new_run", metavar="NEW_RUN", type=_run_id, help="the new run's id (same workflow)"
     )
-    fork.add_argument("--app", metavar="MODULE:WORKFLOW", help="the workflow (for its serializer)")
+    fork.add_argument(
+        "--app",
+        metavar="MODULE:WORKFLOW",
+        help="the workflow (its serializer), and what its code does with the fork",
+    )
 
 
 def _run_id(text: str) -> str:

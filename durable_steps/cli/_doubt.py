@@ -13,7 +13,8 @@ from ..serializers import SIGNING_KEY_ENV, JSONSerializer, SignedSerializer, res
 from ..stores import Store
 from ._base import EXIT_OK, EXIT_REFUSED, RUN_HELP, CommandError, json_argument, run_ref
 from ._format import Style, echo, status_label
-from ._runs import effect_label, load, locate, open_effects, run_status
+from ._indexed import locate
+from ._runs import effect_label, load, open_effects, run_status
 
 __all__ = ["register"]
 
@@ -26,7 +27,12 @@ def _cmd_resolve(args: argparse.Namespace, store: Store, style: Style) -> int:
     if intent is None and not effects:
         status = status_label(
             run_status(
-                header.status, header.owner, intent, since=header.updated_at, journal=header.journal
+                header.status,
+                header.owner,
+                intent,
+                since=header.updated_at,
+                journal=header.journal,
+                committed=header.committed,
             )
         )
         raise CommandError(

@@ -173,6 +173,7 @@ _STATUS_COLORS = {
     "in_doubt": "yellow",
     "running": "cyan",
     "stopped": "magenta",
+    "queued": "white",
     "waiting": "blue",
     "corrupt": "red",
 }

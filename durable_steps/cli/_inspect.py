@@ -9,15 +9,16 @@ import pprint
 import sys
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from .. import _deploy
 from .._apps import load_app
 from .._deploy import code_changes, fingerprints
 from .._drivers import drive_sync
 from .._lease import is_live
 from .._record import checkpoint as ckpt
 from .._record.format2 import load_state
-from ..errors import CorruptCheckpoint
+from ..errors import CorruptCheckpoint, WorkflowChanged
 from ..serializers import SIGNING_KEY_ENV, PickleSerializer, Serializer, resolve_serializer
 from ..stores import Store
 from ._base import (
@@ -27,6 +28,8 @@ from ._base import (
     PROG,
     RUN_HELP,
     CommandError,
+    arg,
+    cmd,
     run_ref,
     workflow_name,
 )
@@ -43,12 +46,12 @@ from ._format import (
     table,
     timestamp,
 )
+from ._indexed import covered, finished, live, locate, recent
 from ._runs import (
     RunInfo,
     effect_label,
     find_runs,
     load,
-    locate,
     open_effects,
     owner_text,
     peek_header,
@@ -56,12 +59,18 @@ from ._runs import (
 )
 from ._waiting import signal_sent, wait_hint, wait_lines, waiting_for
 
+if TYPE_CHECKING:
+    from .._workflow import Workflow
+
 __all__ = ["describe", "next_hint", "register", "summary"]
 
 _SIGNED = "+hmac-sha256"
 _FINISHED = ("completed", "deleted")  # "deleted": a tombstone, see _cleanup
 # What `ls --status` filters by, with "corrupt" (ls only).
-_LS_STATUSES = ("running", "stopped", "waiting", "completed", "deleted", "failed", "in-doubt")
+_LIVE = ("running", "queued", "stopped", "waiting", "failed", "in-doubt")
+_LS_STATUSES = (*_LIVE, "completed", "deleted")
+LS_LIMIT = 50
+"""How many runs ``ls`` shows without ``--limit`` or ``--all``: the newest."""
 
 
 def _next_step(header: dict[str, Any]) -> str | None:
@@ -131,7 +140,7 @@ def _doubt(header: ckpt.Checkpoint, intent: dict[str, Any]) -> tuple[str, str]:
     skips = f"does not fire effect {intent.get('label')} again" if effect else "skips the step"
     resolve = (
         "ask the service it calls whether that key went through, then "
-        f"`{PROG} resolve {header.run} --fired` (it did: the rerun {skips}) or "
+        f"`{cmd()} resolve {header.run} --fired` (it did: the rerun {skips}) or "
         "`--not-fired` (the rerun fires it again with the same key)"
     )
     what = f"effect {intent.get('label')} of step " if effect else ""
@@ -172,11 +181,11 @@ def _finished_hint(header: ckpt.Checkpoint) -> str:
     """The advice for a completed run, or the tombstone of one."""
     if header.status == "completed":
         return (
-            f"nothing left to do; a rerun returns the final state. Delete: {PROG} rm {header.run}"
+            f"nothing left to do; a rerun returns the final state. Delete: {cmd()} rm {header.run}"
         )
     return (
         f"completed and its state deleted at {timestamp(header.updated_at)}; a rerun of this "
-        f"id returns None and runs nothing; `{PROG} rm {header.run}` frees the id for a new run"
+        f"id returns None and runs nothing; `{cmd()} rm {header.run}` frees the id for a new run"
     )
 
 
@@ -199,18 +208,21 @@ def _hint(header: ckpt.Checkpoint) -> str:
         return f"{doubt}: {resolve}, and rerun the workflow"
     if header.status == "failed":
         pending = bool(intent) and intent.get("resolution") is None
-        also = f"; {doubt}: if it did, `{PROG} resolve {name} --fired` first" if pending else ""
+        also = f"; {doubt}: if it did, `{cmd()} resolve {name} --fired` first" if pending else ""
         return f"fix the cause, then rerun the workflow: it resumes at step {step!r}{also}"
     if is_live(header.owner, since=header.updated_at):
         who = owner_text(header.owner, header.status, since=header.updated_at)
-        return f"it is being run by {who}: wait for it (`{PROG} show {name}` again to follow it)"
-    resume = f"rerun the workflow or `{PROG} worker --app module:workflow`"
+        return f"it is being run by {who}: wait for it (`{cmd()} show {name}` again to follow it)"
+    resume = f"rerun the workflow or `{cmd()} worker --app module:workflow`"
     if intent:
         return _crashed_hint(header, intent, resume)
-    return (
-        f"nobody is running it (it crashed, was killed or released): {resume} to resume "
-        f"at step {step!r}; to discard it: {PROG} rm {name}"
+    queued = header.owner is None and not header.committed
+    why, go = (
+        ("it was submitted and has not started", "start it")
+        if queued
+        else ("nobody is running it (it crashed, was killed or released)", "resume")
     )
+    return f"{why}: {resume} to {go} at step {step!r}; to discard it: {cmd()} rm {name}"
 
 
 def _fields(pairs: list[tuple[str, str]], style: Style, red: str = "") -> list[str]:
@@ -260,9 +272,26 @@ def _code_text(header: ckpt.Checkpoint, current: dict[str, str] | None) -> str:
             "`--app module:workflow` compares them with the current code"
         )
     changed = code_changes(header.code, current)
+    other = list(current) != list(header.steps)  # renamed, added, removed, moved
     if not changed:
+        if other:
+            return "the same code for the steps both have, but the steps differ (see deploy)"
         return "unchanged since the last commit (by --app)"
-    return f"changed since the last commit (by --app): {', '.join(changed)}"
+    also = "; the steps differ too (see deploy)" if other else ""
+    return f"changed since the last commit (by --app): {', '.join(changed)}{also}"
+
+
+def _deploy_text(header: ckpt.Checkpoint, app: Workflow) -> str:
+    """What resuming the run under ``app``'s code does (renames, steps added and
+    removed, a version), or why it would not resume.
+    """
+    if header.status in _FINISHED:
+        return "finished: nothing to resume"
+    try:
+        decision = _deploy.preview(header, app._plan(header.run_id, asynchronous=True))
+    except WorkflowChanged as exc:
+        return f"would not resume: WorkflowChanged: {exc.message}"
+    return "; ".join(decision.notes) or "the same steps and version: resumes as it is"
 
 
 def describe(
@@ -272,11 +301,12 @@ def describe(
     style: Style,
     *,
     sent_at: float | None = None,
-    code: dict[str, str] | None = None,
+    app: Workflow | None = None,
 ) -> list[str]:
-    """The lines of ``show``; ``sent_at`` as for :func:`next_hint`; ``code`` is the
-    current code's fingerprints (``--app``).
+    """The lines of ``show``; ``sent_at`` as for :func:`next_hint`; ``app`` is the
+    current code (``--app``): which steps' code changed, and what a resume does.
     """
+    code = fingerprints(app.steps) if app is not None else None
     now = time.time()
     n = len(header.steps)
     if header.status in _FINISHED:
@@ -285,7 +315,12 @@ def describe(
         step = header.steps[header.next_step] if header.next_step < n else "?"
         where = f"next step {step!r} ({header.next_step + 1} of {n}), iteration {header.iteration}"
     status = run_status(
-        header.status, header.owner, header.intent, since=header.updated_at, journal=header.journal
+        header.status,
+        header.owner,
+        header.intent,
+        since=header.updated_at,
+        journal=header.journal,
+        committed=header.committed,
     )
     lines = [f"{style.bold(clean(header.run))}  {style.status(status)}"]
     lines += _fields(
@@ -297,6 +332,7 @@ def describe(
             ("serializer", header.serializer),
             ("version", str(header.version) if header.version is not None else "none"),
             ("code", _code_text(header, code)),
+            *([("deploy", _deploy_text(header, app))] if app is not None else []),
             ("format", _format_text(header)),
             ("size", _size_text(header, size, payload)),
             ("created", timestamp(header.created_at, now)),
@@ -448,10 +484,52 @@ def _decode_state(store: Store, header: ckpt.Checkpoint, payload: bytes, unsafe:
         raise CorruptCheckpoint(f"run {header.run}: cannot decode the state: {exc}") from exc
 
 
+def _positive(text: str) -> int:
+    number = int(text)
+    if number < 1:
+        raise ValueError(f"expected a count of at least 1, not {text!r}")
+    return number
+
+
+def _listed(args: argparse.Namespace, store: Store) -> tuple[list[RunInfo], bool]:
+    """The runs ``ls`` shows, newest first, and whether more were left out.
+
+    Through the index of runs where it covers the workflow: a live status
+    reads only the live runs, a finished one the newest done entries, no
+    status the live runs and then the recently finished. ``--all``, or a
+    store the index does not cover, reads every run.
+    """
+    status = args.status.replace("-", "_") if args.status else None
+    limit = None if args.all else (args.limit or LS_LIMIT)
+    indexed = not args.all and covered(store, args.workflow)
+    if not indexed:
+        runs = find_runs(store, args.workflow)
+        if not args.all and runs:
+            echo(
+                f"{PROG}: this store's index of runs is incomplete (runs written by an earlier "
+                f"version), so every run was read; `{cmd()} reindex` builds it once",
+                stream=sys.stderr,
+            )
+        runs.sort(key=lambda r: -float((r.header or {}).get("updated_at") or 0))
+    elif status is None:
+        runs = recent(store, args.workflow, None if limit is None else limit + 1)
+    elif status in ("completed", "deleted"):
+        runs = finished(store, args.workflow, status, None if limit is None else limit + 1)
+    else:
+        runs = live(store, args.workflow)
+    if status is not None:
+        runs = [r for r in runs if r.status == status]
+    more = limit is not None and len(runs) > limit
+    return runs[:limit] if limit is not None else runs, more
+
+
 def _cmd_ls(args: argparse.Namespace, store: Store, style: Style) -> int:
-    runs = find_runs(store, args.workflow)
-    if args.status:
-        runs = [r for r in runs if r.status == args.status.replace("-", "_")]
+    runs, more = _listed(args, store)
+    if more:
+        echo(
+            f"{PROG}: the newest {len(runs)} shown; --limit N or --all for more",
+            stream=sys.stderr,
+        )
     now = time.time()
     if args.json:
         print(json.dumps([summary(r, now) for r in runs], indent=2))
@@ -497,10 +575,8 @@ def _cmd_show(args: argparse.Namespace, store: Store, style: Style) -> int:
             doc["state"] = state
         print(json_text(doc))
         return EXIT_OK
-    code = fingerprints(load_app(args.app).steps) if args.app else None
-    lines = describe(
-        header, payload, len(data), style, sent_at=signal_sent(store, header), code=code
-    )
+    app = load_app(args.app) if args.app else None
+    lines = describe(header, payload, len(data), style, sent_at=signal_sent(store, header), app=app)
     if args.state:
         text = "none: deleted when the run completed" if gone else None
         lines += ["", style.bold("state"), text or state_text(state, header.serializer)]
@@ -516,8 +592,10 @@ def register(command: Callable[..., Any]) -> None:
         "list runs: status, step reached, age, size",
         "List runs, one per line: workflow, run id, status, the next step to run (or "
         "'done'), iteration, time since the last checkpoint, size, and what a waiting run "
-        "waits for. Statuses: running (a live process owns it), stopped (nobody runs it: "
-        "crashed, killed or released), waiting (a step waits for a time or a signal), failed, "
+        f"waits for; the newest first: live runs, then recently finished ones, {LS_LIMIT} "
+        "unless --limit or --all. Statuses: running (a live process owns it), queued "
+        "(submitted, not started yet), stopped (nobody runs it: crashed, killed or "
+        "released), waiting (a step waits for a time or a signal), failed, "
         "in-doubt (a non-idempotent step may have fired: its policy stopped the run, or the "
         "run crashed with the step's intent pending), completed, deleted (completed with "
         "on_complete='delete': only a tombstone is left); 'corrupt' for a checkpoint that "
@@ -532,6 +610,17 @@ def register(command: Callable[..., Any]) -> None:
         help="only runs with this status",
     )
     ls.add_argument("--json", action="store_true", help="a JSON array, for machines")
+    ls.add_argument(
+        "--limit",
+        "-n",
+        type=arg(_positive),
+        help=f"show at most N runs, the newest first (default {LS_LIMIT})",
+    )
+    ls.add_argument(
+        "--all",
+        action="store_true",
+        help="every run, however many (this reads every run in the store)",
+    )
 
     show = command(
         "show",

@@ -13,9 +13,9 @@ from typing import Any, NoReturn
 
 from .._version import __version__
 from ..errors import CheckpointConflict, DefinitionError, DurableStepsError, RunLocked
-from ..stores import DEFAULT_STORE, STORE_ENV, Store, open_store
-from . import _cleanup, _deploys, _doubt, _inspect, _waiting, _worker
-from ._base import EXIT_ERROR, EXIT_REFUSED, EXIT_USAGE, PROG, CommandError
+from ..stores import DEFAULT_STORE, STORE_ENV, Store, command_hint, open_store
+from . import _cleanup, _deploys, _doubt, _inspect, _reindex, _waiting, _worker
+from ._base import EXIT_ERROR, EXIT_REFUSED, EXIT_USAGE, INVOKED, PROG, CommandError
 from ._format import Style, echo, use_color
 
 __all__ = ["build_parser", "main"]
@@ -23,6 +23,7 @@ __all__ = ["build_parser", "main"]
 EPILOG = f"""\
 statuses:
   running    a live process owns it now (`show` gives its host:pid and lease)
+  queued     submitted (wf.submit) and not started yet: a worker starts it
   stopped    nobody is running it: it crashed, was killed or released -- rerun
              the workflow or start a worker to resume it
   waiting    a step waits (ctx.sleep, ctx.wait_for) for a time or a signal; no
@@ -36,7 +37,7 @@ statuses:
   corrupt    (ls only) the checkpoint cannot be read; `show` says why
 
 find a stopped run and see why:
-  {PROG} ls                                 every run: status, next step, age
+  {PROG} ls                                 the newest runs: status, next step, age
   {PROG} ls --status failed                 runs stopped by a step's error
   {PROG} ls --status stopped                runs nobody is running (crashed, killed)
   {PROG} show support-agent/t-4411          the error, pending intent, recent steps
@@ -65,6 +66,7 @@ before deploying new code (exit 4 if a run would raise WorkflowChanged):
 
 resume many runs, on as many machines as you like:
   {PROG} worker --app myagent:workflow      claim and finish unowned runs; SIGTERM stops
+  {PROG} reindex                            once, for a store an earlier version wrote
 
 store: --store URL, else ${STORE_ENV}, else {DEFAULT_STORE}. A URL is a path,
   file:///path or s3://bucket/prefix (boto3's configuration: AWS_PROFILE,
@@ -130,7 +132,7 @@ def build_parser() -> argparse.ArgumentParser:
         sub.set_defaults(handler=handler)
         return sub
 
-    for group in (_inspect, _waiting, _doubt, _cleanup, _worker, _deploys):
+    for group in (_inspect, _waiting, _doubt, _cleanup, _reindex, _worker, _deploys):
         group.register(command)
     return parser
 
@@ -164,6 +166,7 @@ def main(argv: list[str] | None = None) -> int:
     store: Store | None = None
     try:
         store = open_store(args.store_url)
+        INVOKED.set(command_hint(store))
         return int(args.handler(args, store, Style(use_color(args.color, sys.stdout))))
     except BrokenPipeError:  # `durable-steps ls | head`: stop quietly
         with contextlib.suppress(OSError):

@@ -20,7 +20,7 @@ from .._record import checkpoint as ckpt
 from ..errors import CorruptCheckpoint
 from ..serializers import SIGNING_KEY_ENV, JSONSerializer, SignedSerializer
 from ..stores import Store
-from ._base import EXIT_NOT_FOUND, EXIT_USAGE, PROG, CommandError
+from ._base import EXIT_NOT_FOUND, CommandError, cmd
 from ._format import clean, human_age, run_size
 
 __all__ = [
@@ -28,7 +28,6 @@ __all__ = [
     "effect_label",
     "find_runs",
     "load",
-    "locate",
     "owner_text",
     "peek_header",
     "run_status",
@@ -81,6 +80,7 @@ class RunInfo:
                     header.intent,
                     since=header.updated_at,
                     journal=header.journal,
+                    committed=header.committed,
                 )
         except CorruptCheckpoint as exc:
             problem = exc.message
@@ -129,31 +129,6 @@ def find_runs(store: Store, workflow: str | None) -> list[RunInfo]:
         return [run for run in pool.map(fetch, keys) if run is not None]
 
 
-def locate(store: Store, ref: tuple[str | None, str]) -> tuple[str, str]:
-    """The run a ``RUN`` argument names, as ``(workflow, run_id)``.
-
-    ``WORKFLOW/RUN_ID`` names itself, unlooked-at. A bare ``RUN_ID`` must be
-    the id of exactly one run in the store (one LIST, no GET): none exits 3,
-    several exit 2 (usage: say which) naming them all.
-    """
-    workflow, run_id = ref
-    if workflow is not None:
-        return workflow, run_id
-    workflows = sorted(w for w, r, _ in _run_keys(store, None) if r == run_id)
-    if not workflows:
-        raise CommandError(
-            f"no run has the id {run_id!r}; list runs with `{PROG} ls`", EXIT_NOT_FOUND
-        )
-    if len(workflows) > 1:
-        names = ", ".join(f"{w}/{run_id}" for w in workflows)
-        raise CommandError(
-            f"run id {run_id!r} is ambiguous: {len(workflows)} runs have it ({names}); "
-            "name one as WORKFLOW/RUN_ID",
-            EXIT_USAGE,
-        )
-    return workflows[0], run_id
-
-
 def run_status(
     status: str,
     owner: dict[str, Any] | None,
@@ -161,16 +136,20 @@ def run_status(
     *,
     since: object = None,
     journal: object = None,
+    committed: object = None,
 ) -> str:
     """The status to show: a ``running`` run no live process owns is ``stopped``,
     or ``in_doubt`` if its ``intent``, or an effect its ``journal`` lists as
-    open, is unresolved (it may have fired). ``since`` is the header's
-    ``updated_at``, which bounds the lease.
+    open, is unresolved (it may have fired), or ``queued`` when it was never
+    started (submitted: no owner ever, no step committed). ``since`` is the
+    header's ``updated_at``, which bounds the lease.
     """
     if status != "running" or is_live(owner, since=since):
         return status
     pending = isinstance(intent, dict) and intent.get("resolution") is None
-    return "in_doubt" if pending or open_effects(journal) else "stopped"
+    if pending or open_effects(journal):
+        return "in_doubt"
+    return "queued" if owner is None and committed == 0 else "stopped"
 
 
 def effect_label(entry: dict[str, Any]) -> str:
@@ -206,7 +185,7 @@ def load(store: Store, workflow: str, run_id: str) -> tuple[ckpt.Checkpoint, byt
     found = store.get(key)
     if found is None:
         raise CommandError(
-            f"run {name} not found (no checkpoint at {key!r}); list runs with `{PROG} ls`",
+            f"run {name} not found (no checkpoint at {key!r}); list runs with `{cmd()} ls`",
             EXIT_NOT_FOUND,
         )
     where = f"run {name}: checkpoint {key!r}"

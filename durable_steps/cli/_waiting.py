@@ -25,19 +25,22 @@ from ._base import (
     EXIT_OK,
     EXIT_REFUSED,
     EXIT_USAGE,
-    PROG,
     RUN_HELP,
     CommandError,
     arg,
+    cmd,
     json_argument,
     run_ref,
 )
 from ._format import Style, clean, echo, human_age, timestamp
-from ._runs import load, locate
+from ._indexed import locate
+from ._runs import load
 
 __all__ = ["register", "signal_sent", "wait_hint", "wait_lines", "waiting_for"]
 
-_RESUME = f"rerun the workflow or let `{PROG} worker --app module:workflow` resume it"
+
+def _resume() -> str:
+    return f"rerun the workflow or let `{cmd()} worker --app module:workflow` resume it"
 
 
 def _clock(epoch: float, now: float) -> str:
@@ -124,19 +127,19 @@ def wait_hint(header: ckpt.Checkpoint, sent_at: float | None, now: float) -> str
         return f"{why}: {_resume_at(step)}"
     if signal is None:
         when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(until))
-        return f"it sleeps: it runs again after {when} ({_RESUME} then)"
+        return f"it sleeps: it runs again after {when} ({_resume()} then)"
     timeout = ""
     if until is not None:
         when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(until))
         timeout = f" (without it, ctx.wait_for raises SignalTimeout after {when})"
     return (
         f"it waits for signal {signal!r}{timeout}: send it with "
-        f"`{PROG} signal {header.run} {signal} --data JSON`, then {_RESUME}"
+        f"`{cmd()} signal {header.run} {signal} --data JSON`, then {_resume()}"
     )
 
 
 def _resume_at(step: object) -> str:
-    return f"{_RESUME} to go on at step {step!r}"
+    return f"{_resume()} to go on at step {step!r}"
 
 
 @arg
@@ -173,7 +176,7 @@ def _cmd_signal(args: argparse.Namespace, store: Store, style: Style) -> int:
         )
     wait = _wait(header.status, header.wait)
     if wait is not None and wait.get("signal") == args.name:
-        then = f"run {header.run} waits for it at step {wait.get('step')!r}: {_RESUME}"
+        then = f"run {header.run} waits for it at step {wait.get('step')!r}: {_resume()}"
     elif wait is not None and wait.get("signal"):
         then = (
             f"note: run {header.run} waits for signal {wait['signal']!r}, not "

@@ -48,7 +48,6 @@ import ray
 from .._apps import load_app
 from .._events import logger
 from .._lease import judge, lease_end
-from .._record import checkpoint as ckpt
 from .._run import store_skew
 from ..errors import DefinitionError
 from ..stores import open_store
@@ -80,7 +79,7 @@ def _lease_left(worker: Worker, run_id: str) -> float | None:
     or None if the run is no longer one to resume.
     """
     wf = worker.workflow
-    seen = worker._read(ckpt.checkpoint_key(wf.name, run_id))
+    seen = worker._finder.head(run_id)
     if seen is None or seen.status not in worker.statuses:
         return None
     skew = store_skew(wf.store)

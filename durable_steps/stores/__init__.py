@@ -29,6 +29,8 @@ from __future__ import annotations
 
 import importlib
 import os
+import shlex
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote, urlsplit
 
@@ -52,11 +54,32 @@ __all__ = [
     "ObjectInfo",
     "S3Store",
     "Store",
+    "command_hint",
     "open_store",
 ]
 
 STORE_ENV = "DURABLE_STEPS_STORE"
 DEFAULT_STORE = "./.durable_steps"
+
+
+def command_hint(store: object) -> str:
+    """``durable-steps`` as a message that suggests a command should spell it to
+    reach ``store``: with ``--store URL`` unless the command would find that
+    store by itself (``$DURABLE_STEPS_STORE``, else the default directory).
+    A store without a ``url`` (memory, a wrapper) gets the bare name.
+    """
+    url = getattr(store, "url", None)
+    if not isinstance(url, str) or _names(os.environ.get(STORE_ENV) or DEFAULT_STORE, url):
+        return "durable-steps"
+    return f"durable-steps --store {shlex.quote(url)}"
+
+
+def _names(spec: str, url: str) -> bool:
+    """Whether the store URL or path ``spec`` opens the store whose ``url`` is ``url``."""
+    if "://" in spec and not spec.startswith("file://"):
+        return spec.partition("?")[0].rstrip("/") == url
+    path = unquote(urlsplit(spec).path) if spec.startswith("file://") else spec
+    return str(Path(path).expanduser().absolute()) == url
 
 
 def open_store(store: str | os.PathLike[str] | Store | None = None) -> Store:

@@ -178,6 +178,11 @@ class AzureBlobStore:
             service, attempts=retry_attempts, wait=retry_wait, max_wait=retry_max_wait, sleep=sleep
         )
 
+    @property
+    def url(self) -> str:
+        """The URL that opens this store again (``--store``, ``store=``)."""
+        return f"az://{self.container}/{self.prefix}".rstrip("/")
+
     def __repr__(self) -> str:
         return f"AzureBlobStore('az://{self.container}/{self.prefix}')"
 

@@ -176,6 +176,11 @@ class GCSStore:
             service, attempts=retry_attempts, wait=retry_wait, max_wait=retry_max_wait, sleep=sleep
         )
 
+    @property
+    def url(self) -> str:
+        """The URL that opens this store again (``--store``, ``store=``)."""
+        return f"gs://{self.bucket}/{self.prefix}".rstrip("/")
+
     def __repr__(self) -> str:
         return f"GCSStore('gs://{self.bucket}/{self.prefix}')"
 

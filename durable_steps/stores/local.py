@@ -289,7 +289,9 @@ class LocalStore:
         it after deleting what ``list`` shows there.
         """
         directory = self._path(prefix.rstrip("/"))
-        if not directory.is_dir():
+        if not directory.is_dir():  # its last object's delete removed it: its parent may be empty
+            with contextlib.suppress(OSError):
+                os.rmdir(directory.parent)
             return
         try:
             with self._locked_dir(directory) as dir_fd:
@@ -334,6 +336,11 @@ class LocalStore:
 
     def close(self) -> None:
         """Nothing to release."""
+
+    @property
+    def url(self) -> str:
+        """The path that opens this store again (``--store``, ``store=``)."""
+        return str(self.root)
 
     def __repr__(self) -> str:
         return f"LocalStore({str(self.root)!r})"

@@ -246,6 +246,11 @@ class S3Store:
             raise DefinitionError(f"store URL {url!r} names no bucket: use s3://bucket/prefix")
         return cls(parts.netloc, unquote(parts.path).strip("/"), **parse_query(url), **kwargs)
 
+    @property
+    def url(self) -> str:
+        """The URL that opens this store again (``--store``, ``store=``)."""
+        return f"s3://{self.bucket}/{self.prefix}".rstrip("/")
+
     def __repr__(self) -> str:
         return f"S3Store('s3://{self.bucket}/{self.prefix}')"
 

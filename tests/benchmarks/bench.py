@@ -3,8 +3,8 @@
 Run it as a script (it is not a test; ``conftest.py`` here keeps pytest out)::
 
     .venv/bin/python tests/benchmarks/bench.py [--quick] [--json PATH] [--profile]
-        [--only overhead,budget,growth,recovery,heartbeat,resume,memory,breakdown,calls]
-        [--dir DIR] [--no-s3] [--strict]
+        [--only overhead,budget,growth,recovery,heartbeat,resume,memory,breakdown,calls,scale]
+        [--dir DIR] [--no-s3] [--strict] [--huge]
 
 About 5 minutes on 2 cores (``--quick``: about a minute).
 SeaweedFS and moto are started on loopback by ``tests/s3servers.py`` and stopped at the end. Without
@@ -102,6 +102,7 @@ sys.path[:0] = [str(ROOT), str(HERE)]
 
 import bench_calls  # noqa: E402
 import bench_child as child  # noqa: E402
+import bench_scale  # noqa: E402
 
 import durable_steps as ds  # noqa: E402
 
@@ -125,6 +126,7 @@ SECTIONS = (
     "memory",
     "breakdown",
     "calls",
+    "scale",
 )
 
 # (rounds, steps per round) for each state size
@@ -1624,6 +1626,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dir", type=Path, help="directory for the local store (default: temp)")
     parser.add_argument("--no-s3", action="store_true", help="skip the S3 servers")
     parser.add_argument("--strict", action="store_true", help="exit 1 when any target is missed")
+    parser.add_argument(
+        "--huge", action="store_true", help="scale: also 100,000 finished runs locally"
+    )
     args = parser.parse_args(argv)
     sections = {s.strip() for s in args.only.split(",") if s.strip()}
     unknown = sections - set(SECTIONS)
@@ -1714,6 +1719,11 @@ def main(argv: list[str] | None = None) -> int:
                 [local, *seaweed], mode, counting=CountingStore, table=table, human=human, us=us
             )
             done("calls", t)
+        if "scale" in sections:
+            report["scale"], t = bench_scale.bench_scale(
+                [local, *seaweed], mode, counting=CountingStore, table=table, huge=args.huge
+            )
+            done("scale", t)
         if args.profile:
             texts.append(profile_stores(backends))
     report["summary"], t = summary(report)

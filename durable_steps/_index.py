@@ -1,0 +1,479 @@
+r"""The index of runs: finding work costs what is live, not what ever ran.
+
+A store holds a few hundred live runs among hundreds of thousands that
+finished. Everything that looks for work (a worker's scan, ``ls --status``
+of a live status, the web page) reads this index instead of every run's
+head. It lives in key *names*, under the reserved top-level prefix
+``_index/`` (no workflow name starts with ``_``), so that one LIST with a
+prefix answers the question and an entry's name carries what a reader
+needs — no GET of a finished run, none at all when nothing changed::
+
+    _index/live/<workflow>/<run_id>/<class>-<nonce16>[-<until_ms>-<signal>]
+    _index/live/<workflow>/<run_id>/signal-<nonce16>-<name>
+    _index/done/<workflow>/<inv_hour>/<inv_ms>-<nonce16>-<status>-<run_id>
+    _index/workflows/<workflow>
+
+Live markers
+    A live run (not completed, not deleted) has a *marker* naming its class
+    — ``queued`` (submitted, never started), ``running`` (an owner holds it,
+    or held it and crashed), ``stopped`` (released by its owner), ``waiting``
+    (with its wake time and signal), ``failed``, ``in_doubt`` — and the first
+    16 hex digits of its nonce. A marker is empty; its name is derived from
+    the run's head alone (:func:`marker_of`), so anyone who reads a head
+    knows which marker it calls for. Markers change only when a run changes
+    class: a committed step is still one PUT.
+Signals
+    ``wf.signal`` creates a *nudge* beside the markers before the signal
+    object itself, so the scan that lists a waiting run's marker also sees
+    that its signal came; a due timer is in the marker's name. A waiting run
+    is ready without a GET.
+Finished runs
+    A completed (or tombstoned) run has a *done entry* instead, named by its
+    completion time inverted, so a LIST of ``done/<workflow>/`` yields the
+    newest first and ``ls --limit N`` reads N entries at any size; the hour
+    bucket keeps each directory of the local store bounded. ``prune``
+    reads the completion time from the name.
+The registry
+    ``workflows/<workflow>`` (``{"indexed": bool}``) names the workflows, for a
+    bare run id and for ``ls`` of every workflow. ``indexed`` is true when
+    every run of the workflow was made under this layout (the first run of
+    an empty workflow says so) or ``durable-steps reindex`` built it; false
+    when runs written by an earlier version may lack entries: readers then
+    list every run, as before, and say what to run.
+
+The protocol (why a crash at any instant loses no run)
+    A run is *findable* while its head is live and at least one marker of
+    its nonce exists. Creating a run writes its marker *before* its head
+    (create-only both), so a live head always has one. Every later class
+    change writes the head first, then the new marker, then deletes the old
+    one: a crash between leaves the old marker, a *stale hint* — still a
+    marker of the run, so still findable (a run leaving ``failed`` or
+    ``in_doubt``, classes workers skip, gets its new marker before its head
+    too, so that no such hint can hide it). Readers never trust a hint that
+    could hide work: a ``running`` hint makes them read the head once the
+    owner's remembered lease runs out, and the other hints are only ever
+    stale in the safe direction (a ``waiting`` marker left by a run woken
+    since was due or nudged when it woke, and stays so; a ``queued`` or
+    ``stopped`` one makes a reader try a claim, which reads the head). A
+    reader that read a head creates the marker it calls for when missing
+    (create-only: adding a marker never loses a run) and removes what
+    outlived its run: every entry of a run whose head is terminal (markers
+    of that nonce, after its done entry exists), and entries whose head is
+    gone or belongs to another nonce once they are older than
+    :data:`GRACE` — a creation in progress writes its marker first, and
+    gives up (writes no head) if its head is not sent within a third of it.
+    A marker of a live head's own nonce that the head does not call for is
+    deleted only after :data:`GRACE` too (see :func:`repair` for why that is
+    safe); the run's nudges stay until it finishes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from ._drivers import Delete, ListObjects, Protocol, Put
+from ._events import logger
+from .errors import CheckpointConflict, StoreError
+
+if TYPE_CHECKING:
+    from ._record.checkpoint import Checkpoint
+    from .stores import ObjectInfo
+
+__all__ = [
+    "GRACE",
+    "LIVE_CLASSES",
+    "Entry",
+    "class_of",
+    "done_key",
+    "done_prefix",
+    "live_prefix",
+    "marker_of",
+    "parse",
+]
+
+ROOT = "_index/"
+GRACE = 900.0
+"""Seconds an entry whose head is missing (or another nonce's) is kept: a
+creation in progress has written its marker and not yet its head."""
+CREATE_WITHIN = GRACE / 3
+"""A creation whose head would be sent later than this after its marker gives up."""
+LIVE_CLASSES = ("queued", "running", "stopped", "waiting", "failed", "in_doubt")
+_NONCE = 16
+_INV = 9_999_999_999_999  # inverted epoch milliseconds sort the newest first
+_HOUR_MS = 3_600_000
+
+
+def live_prefix(workflow: str | None = None, run_id: str | None = None) -> str:
+    """Where live markers are: all, one workflow's, or one run's."""
+    if workflow is None:
+        return f"{ROOT}live/"
+    return f"{ROOT}live/{workflow}/" + (f"{run_id}/" if run_id is not None else "")
+
+
+def done_prefix(workflow: str) -> str:
+    """Where a workflow's done entries are, newest first."""
+    return f"{ROOT}done/{workflow}/"
+
+
+def registry_key(workflow: str | None = None) -> str:
+    """The registry entry of ``workflow`` (or the prefix of them all)."""
+    return f"{ROOT}workflows/" + (workflow or "")
+
+
+def class_of(header: Checkpoint) -> str | None:
+    """The class of a run, as its marker names it; None when it is finished."""
+    status = header.status
+    if status in ("completed", "deleted"):
+        return None
+    if status == "running":
+        if header.owner is not None:
+            return "running"
+        return "queued" if header.committed == 0 else "stopped"
+    return status
+
+
+def marker_of(header: Checkpoint) -> str | None:
+    """The key of the marker ``header`` calls for (None: a finished run has none)."""
+    kind = class_of(header)
+    if kind is None:
+        return None
+    name = f"{kind}-{header.run_nonce[:_NONCE]}"
+    if kind == "waiting" and header.wait is not None:
+        until = header.wait.get("until")
+        due = "x" if until is None else str(int(until * 1000))
+        name += f"-{due}-{header.wait.get('signal') or ''}"
+    return live_prefix(header.workflow, header.run_id) + name
+
+
+def nudge_key(workflow: str, run_id: str, nonce: str, signal: str) -> str:
+    """The nudge ``wf.signal`` leaves for a waiting run's scanners."""
+    return live_prefix(workflow, run_id) + f"signal-{nonce[:_NONCE]}-{signal}"
+
+
+def nudged(workflow: str, run_id: str, nonce: str, signal: str) -> Protocol[None]:
+    """Before a signal object is created: its nudge (create-only; one there is fine)."""
+    yield from _create(nudge_key(workflow, run_id, nonce, signal))
+
+
+def done_key(header: Checkpoint) -> str:
+    """The done entry of a finished run, named by its completion (the head's time)."""
+    return done_entry(
+        header.workflow, header.run_id, header.run_nonce, header.status, header.updated_at
+    )
+
+
+def done_entry(workflow: str, run_id: str, nonce: str, status: str, finished: float) -> str:
+    """:func:`done_key` from the fields themselves (a raw header's)."""
+    inverted = _INV - int(finished * 1000)
+    return (
+        f"{done_prefix(workflow)}{inverted // _HOUR_MS:07d}/"
+        f"{inverted:013d}-{nonce[:_NONCE]}-{status}-{run_id}"
+    )
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One index entry, parsed from its key (and the listing's facts)."""
+
+    key: str
+    workflow: str
+    run_id: str
+    kind: str
+    """A live class, ``signal`` (a nudge), or a done status (``completed``, ``deleted``)."""
+    nonce: str
+    until: float | None = None
+    signal: str | None = None
+    finished: float | None = None
+    """Done entries: when the run finished (epoch seconds)."""
+    modified: float = 0.0
+
+
+def parse(info: ObjectInfo) -> Entry | None:
+    """The entry an index key names; None for anything else found there."""
+    parts = info.key.split("/")
+    if len(parts) == 5 and parts[:2] == ["_index", "live"]:
+        return _live_entry(info, parts[2], parts[3], parts[4])
+    if len(parts) == 5 and parts[:2] == ["_index", "done"]:
+        inverted, _, rest = parts[4].partition("-")
+        nonce, _, rest = rest.partition("-")
+        status, _, run_id = rest.partition("-")
+        if not (inverted.isdigit() and run_id and status in ("completed", "deleted")):
+            return None
+        finished = (_INV - int(inverted)) / 1000
+        return Entry(info.key, parts[2], run_id, status, nonce, finished=finished)
+    return None
+
+
+def _live_entry(info: ObjectInfo, workflow: str, run_id: str, name: str) -> Entry | None:
+    kind, _, rest = name.partition("-")
+    nonce, _, rest = rest.partition("-")
+    if len(nonce) != _NONCE:
+        return None
+    if kind == "signal":
+        return Entry(info.key, workflow, run_id, kind, nonce, signal=rest, modified=info.modified)
+    if kind not in LIVE_CLASSES:
+        return None
+    until, signal = None, None
+    if kind == "waiting":
+        due, _, name = rest.partition("-")
+        until = int(due) / 1000 if due.isdigit() else None
+        signal = name or None
+    return Entry(info.key, workflow, run_id, kind, nonce, until, signal, modified=info.modified)
+
+
+def entry_of(header: Checkpoint) -> str:
+    """The entry ``header`` calls for: its live marker, or its done entry."""
+    return marker_of(header) or done_key(header)
+
+
+# --- writing: the run's writer keeps its entries in step with its head ------------------
+
+
+def creating(header: Checkpoint) -> Protocol[float]:
+    """Before a new run's head is created: its marker (create-only). Returns when
+    it landed (monotonic), for :func:`too_late`.
+    """
+    yield from _create(entry_of(header))
+    return time.monotonic()
+
+
+def too_late(written: float) -> bool:
+    """Whether a head is sent too long after its marker (see :data:`CREATE_WITHIN`)."""
+    return time.monotonic() - written > CREATE_WITHIN
+
+
+def abandoned(header: Checkpoint) -> Protocol[None]:
+    """A creation that wrote its marker and no head (another process created the
+    run first, or it gave up): its marker goes.
+    """
+    yield from _quietly(Delete(entry_of(header), None))
+
+
+HIDING = ("failed", "in_doubt")
+"""Classes a worker does not claim: a run leaving one must never be left with only
+that stale marker, so its new marker is written before its head (see below)."""
+
+
+def leaving(before: str | None, header: Checkpoint) -> Protocol[str | None]:
+    """Before ``header`` is written over a head whose entry is ``before``: when the
+    run leaves a class workers skip (:data:`HIDING`: ``resolve`` of a run in doubt,
+    a failed run resumed), its new entry first. A crash after the head then leaves
+    two markers (readers read the head) instead of a hint that hides the run.
+    Returns the entry it created, if any (:func:`moved` need not write it again).
+    """
+    if before is None or entry_of(header) == before:
+        return None
+    kind = before.rpartition("/")[2].partition("-")[0]
+    if not (before.startswith(live_prefix()) and kind in HIDING):
+        return None
+    yield from _create(entry_of(header))
+    return entry_of(header)
+
+
+def moved(before: str | None, header: Checkpoint, made: str | None = None) -> Protocol[str]:
+    """After ``header`` was written over a head whose entry was ``before``: the
+    entry ``header`` calls for, created, and the old one deleted. Returns the
+    entry now standing. Best effort: a failure leaves a stale hint, which
+    readers repair; so are the nudges of a finished run (a reader that finds
+    them reads the head once and removes them: a completion costs no LIST).
+    """
+    after = entry_of(header)
+    if after == before:
+        return after
+    try:
+        if after != made:  # (made: written already, by :func:`leaving`)
+            yield from _create(after)
+        if before is not None:
+            yield Delete(before, None)
+    except StoreError as exc:
+        run = f"{header.workflow}/{header.run_id}"
+        logger.info("run %s: the index lags behind its head (%s); readers repair it", run, exc)
+    return after
+
+
+def removed(workflow: str, run_id: str, raw: dict[str, Any] | None) -> Protocol[None]:
+    """After a run's head was deleted (``rm``, ``prune``): all its entries (``raw``,
+    the deleted head's fields, names its done entry; a corrupt one's is left to
+    ``prune``, which finds it by its missing head).
+    """
+    for info in (yield ListObjects(live_prefix(workflow, run_id))):
+        yield Delete(info.key, None)
+    done = done_key_of(workflow, run_id, raw)
+    if done is not None:
+        yield Delete(done, None)
+
+
+def done_key_of(workflow: str, run_id: str, raw: dict[str, Any] | None) -> str | None:
+    """:func:`done_key` of a raw header (None: a live one, or fields it lacks)."""
+    fields = raw or {}
+    nonce, status, when = fields.get("run_nonce"), fields.get("status"), fields.get("updated_at")
+    if not (isinstance(nonce, str) and status in ("completed", "deleted")):
+        return None
+    if isinstance(when, bool) or not isinstance(when, (int, float)):
+        return None
+    return done_entry(workflow, run_id, nonce, str(status), float(when))
+
+
+def _create(key: str) -> Protocol[None]:
+    """Create an entry; one that exists already is just as good."""
+    with contextlib.suppress(CheckpointConflict):
+        yield Put(key, b"", None)
+
+
+def _quietly(effect: Delete) -> Protocol[None]:
+    try:
+        yield effect
+    except StoreError as exc:
+        logger.info("could not delete index entry %s (%s)", effect.key, exc)
+
+
+# --- the registry ------------------------------------------------------------------------
+
+_REGISTERED: set[tuple[str, str]] = set()
+"""(store, workflow) pairs this process knows to be in the registry."""
+
+
+def registered(store_id: str, workflow: str) -> Protocol[None]:
+    """Make sure ``workflow`` is in the registry, once per process and store.
+
+    The first run of a workflow with no objects yet registers it as indexed;
+    a workflow that already has objects (runs written by an earlier version)
+    as partial, until ``reindex`` builds what they lack.
+    """
+    if (store_id, workflow) in _REGISTERED:
+        return
+    found = yield ListObjects(registry_key(workflow) + "/")
+    if not found:
+        if not (yield ListObjects("", 1)):  # a new store: nothing was ever written unindexed
+            yield from _create(COMPLETE)
+            existing = []
+        else:
+            existing = yield ListObjects(f"{workflow}/", 1)
+        yield from _create(registry_key(workflow) + ("/partial" if existing else "/indexed"))
+    _REGISTERED.add((store_id, workflow))
+
+
+COMPLETE = f"{ROOT}complete"
+"""Exists when every workflow of the store is in the registry (a store this layout
+made from its first run, or one ``reindex`` went through whole): a run id found in
+no registered workflow is then in none."""
+
+
+def complete() -> Protocol[bool]:
+    """Whether the registry names every workflow of the store (see :data:`COMPLETE`)."""
+    return bool((yield ListObjects(COMPLETE, 1)))
+
+
+def workflows() -> Protocol[dict[str, bool]]:
+    """The registered workflows, each with whether its index is complete."""
+    found: dict[str, bool] = {}
+    for info in (yield ListObjects(registry_key())):
+        workflow, _, state = info.key[len(registry_key()) :].partition("/")
+        if state in ("indexed", "partial"):
+            found[workflow] = found.get(workflow, False) or state == "indexed"
+    return found
+
+
+def mark_indexed(workflow: str | None) -> Protocol[None]:
+    """``reindex`` built the workflow's entries (with None: the whole store's, and
+    every workflow is registered): readers may trust the index.
+    """
+    if workflow is None:
+        yield from _create(COMPLETE)
+        return
+    yield from _create(registry_key(workflow) + "/indexed")
+    yield Delete(registry_key(workflow) + "/partial", None)
+
+
+# --- reading: what is live, and repairs by whoever finds a stale entry -------------------
+
+
+@dataclass(frozen=True)
+class Live:
+    """What the index says of one live run: its markers, and the signals sent to it."""
+
+    workflow: str
+    run_id: str
+    markers: tuple[Entry, ...]
+    nudges: tuple[Entry, ...]
+
+    @property
+    def hint(self) -> Entry | None:
+        """The run's one marker; None when it has several (or none): read the head."""
+        return self.markers[0] if len(self.markers) == 1 else None
+
+    @property
+    def entries(self) -> tuple[Entry, ...]:
+        """The markers and the nudges."""
+        return (*self.markers, *self.nudges)
+
+    @property
+    def keys(self) -> frozenset[str]:
+        """Every entry's key: what changed since a scan is told by this."""
+        return frozenset(e.key for e in (*self.markers, *self.nudges))
+
+    @property
+    def since(self) -> float:
+        """When the run last changed class, as far as the index tells (store clock)."""
+        return max((e.modified for e in (*self.markers, *self.nudges)), default=0.0)
+
+    def signalled(self, nonce: str, signal: str) -> bool:
+        """Whether signal ``signal`` was sent to the run with ``nonce``."""
+        return any(n.signal == signal and n.nonce == nonce[:_NONCE] for n in self.nudges)
+
+
+def live_runs(workflow: str | None = None) -> Protocol[list[Live]]:
+    """The live runs of ``workflow`` (of every workflow with None): one LIST."""
+    grouped: dict[tuple[str, str], tuple[list[Entry], list[Entry]]] = {}
+    for info in (yield ListObjects(live_prefix(workflow))):
+        entry = parse(info)
+        if entry is None:
+            continue
+        markers, nudges = grouped.setdefault((entry.workflow, entry.run_id), ([], []))
+        (nudges if entry.kind == "signal" else markers).append(entry)
+    return [Live(w, r, tuple(m), tuple(n)) for (w, r), (m, n) in grouped.items()]
+
+
+def done_runs(workflow: str, limit: int | None = None) -> Protocol[list[Entry]]:
+    """The finished runs of ``workflow``, newest first (at most ``limit``)."""
+    infos = yield ListObjects(done_prefix(workflow), limit)
+    return [e for e in map(parse, infos) if e is not None]
+
+
+def repair(live: Live, header: Checkpoint | None, now: float) -> Protocol[None]:
+    """Bring ``live``'s entries in line with the head just read (None: no head).
+
+    Called by whoever read the head of a run the index lists (a worker's
+    scan): the marker the head calls for is created if missing; what
+    outlived its run is removed — every entry of a finished head's nonce
+    (once its done entry exists), and after :data:`GRACE` the entries of no
+    head or of another nonce, and markers of this nonce that the head does
+    not call for. Those are stale for sure by then: the head was read after
+    the listing, so a marker written after its head (every class change)
+    lists a head that is at least as new; only a marker written *before* its
+    head (a creation, a run leaving a hiding class) can be ahead of it, and
+    that for a moment, never for :data:`GRACE`. ``now`` is on the store's
+    clock. Best effort.
+    """
+    try:
+        if header is None:
+            for entry in live.entries:
+                if now - entry.modified > GRACE:
+                    yield Delete(entry.key, None)
+            return
+        wanted = entry_of(header)
+        if wanted not in live.keys:
+            yield from _create(wanted)
+        nonce = header.run_nonce[:_NONCE]
+        finished = marker_of(header) is None
+        for entry in live.entries:
+            mine = entry.nonce == nonce
+            old = now - entry.modified > GRACE
+            stale = entry.kind != "signal" and entry.key != wanted
+            if (finished and mine) or (old and (not mine or stale)):
+                yield Delete(entry.key, None)
+    except StoreError as exc:
+        logger.info("run %s/%s: index repair failed (%s)", live.workflow, live.run_id, exc)

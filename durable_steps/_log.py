@@ -1,0 +1,317 @@
+r"""A step's journal as the run stores it: what is open, what is recorded, and
+the writes that make each change durable.
+
+:class:`Log` is the state and the write side of a
+:class:`~durable_steps._journal.Journal` (which adds the calls themselves).
+It loads what the run's head holds for its step, and makes every change —
+an effect's intent, a call's result — durable through the run's
+:class:`Writer` (the runner's ``RunState``, handed in), one head write per
+group of changes; see :mod:`durable_steps._journal` for the protocol and
+why a crash at any instant is safe.
+
+Group commit
+    ``asyncio.gather`` over ``acall``/``aeffect``, or threads in a sync step,
+    record concurrently: changes queue, and whichever caller finds no write
+    in flight writes everything queued in one PUT while the others wait for
+    it. Nobody returns before their own change is durable. A change applies
+    to the in-memory journal only once its write landed, so a refused or
+    failed write leaves the journal as the store has it.
+"""
+
+from __future__ import annotations
+
+import base64
+import threading
+import typing
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal
+
+from ._drivers import Protocol as DriverProtocol
+from ._drivers import drive_sync
+from ._record import checkpoint as ckpt
+from ._record import format2 as f2
+from .errors import CheckpointConflict, CorruptCheckpoint, DefinitionError, SerializationError
+from .serializers import plain_json
+
+if TYPE_CHECKING:
+    from ._events import EventKind
+    from ._lease import Owner
+    from ._plan import Plan
+    from ._record.checkpoint import Signer
+
+__all__ = ["Change", "Kind", "Log", "Result", "Writer"]
+
+
+class Writer(typing.Protocol):
+    """What a journal needs of the run it records in.
+
+    :class:`~durable_steps._run.RunState` is the one writer of a run's
+    checkpoint; it is handed to the journal (and the journal's waits) as
+    this, so the journal writes through it without knowing the runner.
+    """
+
+    plan: Plan
+    name: str
+    run_id: str
+    header: ckpt.Checkpoint
+    payload: bytes
+    parts: f2.Parts | None
+    lock: threading.Lock
+    owner: Owner
+    warned_store: bool
+
+    @property
+    def signer(self) -> Signer | None:
+        """The signing serializer, whose key signs what the run writes."""
+
+    def event(self, kind: EventKind, **fields: Any) -> None:
+        """Tell the run's subscribers."""
+
+    def conflict(self, step: str | None, *, created: bool = False) -> CheckpointConflict:
+        """The error for a write another process refused."""
+
+    def rewrite(
+        self,
+        header: ckpt.Checkpoint,
+        tail: bytes,
+        step: str | None,
+        *,
+        flush_over: int | None = None,
+        balance: bool = False,
+    ) -> DriverProtocol[None]:
+        """Write the head while a step runs (see ``RunState.rewrite``)."""
+
+
+Kind = Literal["call", "effect", "sleep", "signal", "timeout"]
+"""``sleep``: a wake time or a signal's deadline; ``signal``: a received payload."""
+
+
+@dataclass(frozen=True)
+class Result:
+    """A recorded result: the bytes it is kept as (a format-2 record, or the
+    serializer's bytes in format 1), decoded afresh on every replay.
+    """
+
+    kind: Kind
+    key: str | None
+    blob: bytes
+
+
+@dataclass(frozen=True)
+class Change:
+    """One thing to make durable: an effect's intent, or a result."""
+
+    name: str
+    intent: dict[str, Any] | None = None
+    result: Result | None = None
+
+
+class Log:
+    """The open effects and recorded results of one step of one pass, and the
+    writes that keep the run's head in step with them (see the module docstring).
+    """
+
+    def __init__(self, run: Writer, step: str, iteration: int) -> None:
+        self.run = run
+        self.step = step
+        self.iteration = iteration
+        self.results: dict[str, Result] = {}
+        self.open: dict[str, dict[str, Any]] = {}
+        """Effects whose intent is durable and whose result is not, by name."""
+        self.closed = False
+        self.lost = False
+        self._cond = threading.Condition()
+        self._queue: list[Change] = []
+        self._asked = self._done = 0
+        self._writing = False
+        self._errors: dict[int, BaseException] = {}
+        self._load()
+
+    def _load(self) -> None:
+        """Take the journal the loaded checkpoint holds for this step, if any."""
+        run = self.run
+        field = run.header.journal
+        if field is None or (field["step"], field["iteration"]) != (self.step, self.iteration):
+            return
+        self.open = {entry["name"]: dict(entry) for entry in field["open"]}
+        if run.header.format == 1:
+            for name, kind, key, data in field["inline"]:
+                self.results[name] = Result(kind, key, base64.b64decode(data))
+        elif run.parts is not None:
+            renamed = run.plan.renamed()  # records made before a rename name the old step
+            for meta, record in run.parts.journal:
+                step, iteration, name, kind, key = meta
+                if (renamed.get(step, step), iteration) == (self.step, self.iteration):
+                    self.results[name] = Result(kind, key, record)
+            run.parts.journal = []  # taken: a later step's journal starts empty
+        if len(self.results) != field["calls"]:
+            raise CorruptCheckpoint(
+                f"run {run.name}: the journal of step {self.step!r} lists {field['calls']} "
+                f"results but {len(self.results)} were found; it was left untouched. "
+                "Restore the checkpoint, or delete the run to start over.",
+                run=run.name,
+            )
+
+    def _encode(self, name: str, kind: Kind, key: str | None, value: Any) -> Result:
+        """``value`` as it will be stored; a clear error if it cannot be."""
+        run = self.run
+        path = f"ctx.{kind}({name!r})"
+        try:
+            if run.parts is not None:
+                meta = [self.step, self.iteration, name, kind, key]
+                blob = run.parts.finder.journal_record(meta, value, path)
+            else:
+                if run.plan.serializer.name.startswith("json"):
+                    value = plain_json(value, path)
+                blob = run.plan.serializer.dumps(value)
+        except SerializationError as exc:
+            if kind == "effect":
+                then = (
+                    f"The effect happened; its intent stays recorded, so when the step runs "
+                    f"again it fires again with the same idempotency key {key}."
+                )
+            else:
+                then = "Nothing was recorded: the call runs again when the step does."
+            raise SerializationError(
+                f"run {run.name}: step {self.step!r}: the result of {path} cannot be saved: "
+                f"{exc.message} {then} Return a value the serializer stores (convert an SDK "
+                "object with .model_dump() or to_dict(), for instance).",
+                run=run.name,
+                step=self.step,
+                path=exc.path,
+            ) from exc
+        return Result(kind, key, blob)
+
+    def _value(self, result: Result) -> Any:
+        run = self.run
+        if run.parts is not None:
+            return run.parts.finder.journal_value(result.blob)
+        return run.plan.serializer.loads(result.blob)
+
+    # --- making it durable -----------------------------------------------------
+
+    def _durable(self, change: Change) -> None:
+        """Return once ``change`` is written (group commit; see the module docstring)."""
+        with self._cond:
+            self._queue.append(change)
+            self._asked += 1
+            ticket = self._asked
+            while self._done < ticket:
+                if self._writing:
+                    self._cond.wait()
+                    continue
+                batch, self._queue = self._queue, []
+                last, self._writing = self._asked, True
+                error: BaseException | None = None
+                self._cond.release()
+                try:
+                    self._write(batch)
+                except BaseException as exc:
+                    error = exc
+                finally:
+                    self._cond.acquire()
+                    self._writing = False
+                if error is not None:
+                    self._errors.update(dict.fromkeys(range(self._done + 1, last + 1), error))
+                self._done = last
+                self._cond.notify_all()
+            failure = self._errors.pop(ticket, None)
+        if failure is not None:
+            raise failure
+
+    def _write(self, batch: list[Change]) -> None:
+        """One head write carrying ``batch``; the journal changes only once it landed."""
+        run = self.run
+        opened, results, field, records = self._applied(batch)
+        with run.lock:
+            if self.closed:  # the step returned, so it may have committed: this head is not ours
+                raise DefinitionError(
+                    f"run {run.name}: step {self.step!r} returned while "
+                    f"{', '.join(repr(c.name) for c in batch)} was still under way (in a thread "
+                    "or task the step left running); it was not recorded. Wait for every call "
+                    "before the step returns.",
+                    run=run.name,
+                    step=self.step,
+                )
+            if self.lost:
+                raise run.conflict(self.step)
+            header, tail = self._head(field, records)
+            self._rewrite(header, tail)
+        self.open, self.results = opened, results
+
+    def record(self, name: str, kind: Kind, key: str | None, value: Any) -> DriverProtocol[Any]:
+        """Record ``value`` as ``name``'s result for the runner, before the step
+        runs (what ``reconcile`` said an effect returned): one head write, made by
+        the runner's driver, so never on an event loop. Returns the value decoded.
+        """
+        run = self.run
+        result = self._encode(name, kind, key, value)
+        opened, results, field, records = self._applied([Change(name, result=result)])
+        header, tail = self._head(field, records)
+        yield from run.rewrite(header, tail, self.step, balance=True)
+        self.open, self.results = opened, results
+        return self._value(result)
+
+    def _applied(
+        self, batch: list[Change]
+    ) -> tuple[dict[str, dict[str, Any]], dict[str, Result], dict[str, Any], list[bytes]]:
+        """The open effects and results with ``batch`` applied, the header's
+        ``journal`` field for them, and the format-2 records ``batch`` adds.
+        """
+        opened, results = dict(self.open), dict(self.results)
+        records = []
+        for change in batch:
+            if change.intent is not None:
+                opened[change.name] = change.intent
+            if change.result is not None:
+                opened.pop(change.name, None)
+                results[change.name] = change.result
+                if self.run.parts is not None:
+                    records.append(change.result.blob)
+        field: dict[str, Any] = {
+            "step": self.step,
+            "iteration": self.iteration,
+            "calls": len(results),
+            "open": list(opened.values()),
+        }
+        if self.run.parts is None:
+            field["inline"] = [
+                [n, r.kind, r.key, base64.b64encode(r.blob).decode()] for n, r in results.items()
+            ]
+        return opened, results, field, records
+
+    def _head(self, field: dict[str, Any], records: list[bytes]) -> tuple[ckpt.Checkpoint, bytes]:
+        """The head to write for ``field``, and the tail with ``records`` appended."""
+        run = self.run
+        tail = run.payload
+        if run.parts is not None and records:
+            tail = b"".join((tail, *(b for r in records for b in f2.frame(r))))
+            for record in records:
+                run.parts.note(record)
+        return run.header.evolve(status="running", journal=field), tail
+
+    def _rewrite(self, header: ckpt.Checkpoint, tail: bytes) -> None:
+        """Write the head (``run.lock`` held); a refusal means the run is lost."""
+        run = self.run
+        try:
+            drive_sync(run.rewrite(header, tail, self.step, balance=True), run.plan.store)
+        except CheckpointConflict:
+            self.lost = True
+            raise
+
+    def _renew_if_short(self) -> None:
+        """Renew the lease before an effect fires if the intent write left little
+        of it (the same care the runner takes before a non-idempotent step).
+        """
+        run = self.run
+        if self.closed or run.owner.remaining() >= run.plan.lease / 3:
+            return  # (closed: the effect's result will be refused, see _write)
+        with run.lock:
+            self._rewrite(run.header.evolve(status="running"), run.payload)
+
+    def close(self) -> None:
+        """The step returned: refuse further calls, wait for a write in flight."""
+        with self._cond:
+            self.closed = True
+            while self._writing:
+                self._cond.wait()
