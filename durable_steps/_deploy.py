@@ -19,32 +19,23 @@ The decision is pure: it reads names and returns the new cursor, the intent
 with its ``index`` remapped (so the in-doubt check of ``_runner._advance``,
 and the persisted idempotency key, still apply) and the notes to log. The
 run's header takes the current step list at its next write. This module also
-holds what a deploy adds around that: ``Workflow(version=, migrate=)``
-(:func:`migrate`), step code fingerprints (:func:`fingerprint`) and
-``wf.fork`` (:func:`fork`).
+holds ``Workflow(version=, migrate=)`` (:func:`migrate`); step code
+fingerprints are in ``_fingerprints``, ``wf.fork`` in ``_fork``.
 """
 
 from __future__ import annotations
 
-import functools
-import hashlib
-import inspect
-import types
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ._drivers import Call, Get, Protocol
+from ._drivers import Call, Protocol
 from ._events import logger
+from ._fingerprints import code_changes
 from ._plan import Plan
 from ._record import checkpoint as ckpt
-from ._record import format2 as f2
 from ._run import RunState
-from ._step import Step
 from .errors import (
-    CheckpointConflict,
-    CorruptCheckpoint,
-    DefinitionError,
     DurableStepsError,
     SerializationError,
     WorkflowChanged,
@@ -52,14 +43,9 @@ from .errors import (
 
 __all__ = [
     "Decision",
-    "ForkRefused",
     "adopt",
     "check_serializer",
-    "code_changes",
     "decide",
-    "fingerprint",
-    "fingerprints",
-    "fork",
     "migrate",
     "preview",
     "version_note",
@@ -347,181 +333,3 @@ def migrate(run: RunState) -> Protocol[None]:
             run=run.name,
             path=exc.path,
         ) from exc
-
-
-# --- code fingerprints --------------------------------------------------------
-
-
-def fingerprint(fn: Any) -> str:
-    """12 hex digits identifying a function's code: its bytecode, constants
-    (nested functions included), names and arguments, not where it lives
-    (file, line numbers, qualified name), so moving a step within its file
-    changes nothing. Bytecode differs between Python versions: a new Python
-    also shows as changed code. A callable without code (a builtin) gets the
-    fingerprint of its name.
-    """
-    target = inspect.unwrap(fn)
-    while isinstance(target, functools.partial):  # the function it binds arguments to
-        target = inspect.unwrap(target.func)
-    code = getattr(target, "__code__", None)
-    if code is None:
-        code = getattr(type(target).__call__, "__code__", None)  # a callable object
-    digest = hashlib.sha256()
-    if code is None:
-        digest.update(repr(getattr(target, "__qualname__", type(target).__qualname__)).encode())
-    else:
-        _feed(digest, code)
-    return digest.hexdigest()[:12]
-
-
-def _feed(digest: Any, value: object) -> None:
-    """Hash ``value`` canonically: code objects field by field, frozensets
-    sorted (their order follows string hashing, which differs per process).
-    """
-    if isinstance(value, types.CodeType):
-        digest.update(b"code(")
-        digest.update(value.co_code)
-        for part in (value.co_names, value.co_varnames, value.co_freevars, value.co_cellvars):
-            digest.update(repr(part).encode())
-        digest.update(repr((value.co_argcount, value.co_kwonlyargcount, value.co_flags)).encode())
-        for const in value.co_consts:
-            _feed(digest, const)
-        digest.update(b")")
-    elif isinstance(value, (tuple, frozenset)):
-        items = value if isinstance(value, tuple) else sorted(value, key=repr)
-        digest.update(b"(" if isinstance(value, tuple) else b"{")
-        for item in items:
-            _feed(digest, item)
-        digest.update(b")")
-    else:
-        digest.update(f"{type(value).__name__}:{value!r};".encode())
-
-
-def fingerprints(steps: Sequence[Step[..., Any]]) -> dict[str, str]:
-    """``{step name: fingerprint}`` of the step functions (and reconcile hooks)."""
-    out = {}
-    for s in steps:
-        fp = fingerprint(s.fn)
-        if s.reconcile is not None:
-            fp = hashlib.sha256(f"{fp}:{fingerprint(s.reconcile)}".encode()).hexdigest()[:12]
-        out[s.name] = fp
-    return out
-
-
-def code_changes(recorded: dict[str, str] | None, current: dict[str, str]) -> list[str]:
-    """The steps whose code differs from what the run's last commit recorded
-    (steps new to the run, or a run from before fingerprints, are not listed).
-    """
-    if not recorded:
-        return []
-    return [s for s, fp in current.items() if s in recorded and recorded[s] != fp]
-
-
-# --- fork ---------------------------------------------------------------------
-
-
-class ForkRefused(DurableStepsError):
-    """The fork was refused and nothing was written (the command line exits 4)."""
-
-
-def fork(plan: Plan, source: str, target: str) -> Protocol[None]:
-    """Create run ``target`` from run ``source``'s last committed state and
-    position, with a new nonce (so new idempotency keys); ``source`` is only read.
-    """
-    if source == target:
-        raise DefinitionError(f"fork: run {plan.workflow}/{source} cannot be forked onto itself")
-    src, new = RunState(plan, source), RunState(plan, target)
-    header = yield from _read_source(src)
-    if (yield Get(new.key)) is not None:
-        raise ForkRefused(
-            f"run {new.name} already exists, so {src.name} was not forked onto it (nothing "
-            f"was written): choose another id, or remove it first (`durable-steps rm "
-            f"{new.name}`).",
-            run=new.name,
-        )
-    intent = header.intent
-    if intent is not None and intent.get("resolution") != "not_fired":
-        logger.warning(
-            "run %s: step %r may have fired (key %s) and was not resolved; the fork %s "
-            "fires it with a new key, which the service cannot match to that one",
-            src.name,
-            intent.get("step"),
-            intent.get("key"),
-            new.name,
-        )
-    journal = header.journal
-    if journal is not None and (journal["calls"] or journal["open"]):
-        logger.warning(
-            "run %s: step %r was in progress with %d journaled call(s) recorded and %d "
-            "effect(s) in doubt; the fork %s runs that step again from its start, so its "
-            "calls run again and its effects fire again under new idempotency keys. Let "
-            "the source finish the step first if that matters.",
-            src.name,
-            journal["step"],
-            journal["calls"],
-            len(journal["open"]),
-            new.name,
-        )
-    new.state = src.state
-    fresh = ckpt.Checkpoint(
-        workflow=plan.workflow,
-        run_id=target,
-        steps=header.steps,
-        serializer=header.serializer,
-        iteration=header.iteration,
-        next_step=header.next_step,
-        history=header.history,
-        committed=header.committed,
-        format=ckpt.FORMAT if f2.supports(plan.serializer) else 1,
-        version=header.version,
-        code=header.code,
-    )
-    try:
-        yield from new.save(fresh, None, release=True)
-    except CheckpointConflict as exc:
-        raise ForkRefused(
-            f"run {new.name} was created by another process while {src.name} was being "
-            "forked onto it; it is theirs and was left as it is. Choose another id.",
-            run=new.name,
-        ) from exc
-    logger.info(
-        "run %s forked from %s at step %r (iteration %d)",
-        new.name,
-        src.name,
-        header.steps[header.next_step],
-        header.iteration,
-    )
-
-
-_READS = 3
-
-
-def _read_source(src: RunState) -> Protocol[ckpt.Checkpoint]:
-    """Decode the run to fork and rebuild its committed state into ``src.state``."""
-    for _ in range(_READS):  # a format-2 part gone: the head was replaced; read it again
-        found = yield Get(src.key)
-        if found is None:
-            raise DurableStepsError(
-                f"run {src.name} does not exist (no checkpoint at {src.key!r}); nothing to fork",
-                run=src.name,
-            )
-        where = f"run {src.name}: checkpoint {src.key!r}"
-        header, payload = ckpt.decode(found[0], where=where, run=src.name, signer=src.signer)
-        if (header.workflow, header.run_id) != (src.plan.workflow, src.run_id):
-            raise CorruptCheckpoint(
-                f"{where} belongs to run {header.run}; it was left untouched.", run=src.name
-            )
-        if header.status in ("completed", "deleted"):
-            raise ForkRefused(
-                f"run {src.name} is {header.status}: it has no steps left to run, so there "
-                "is nothing to fork (start a new run instead).",
-                run=src.name,
-            )
-        check_serializer(src.name, header.serializer, src.plan.serializer.name)
-        if (yield from src.load_state(header, payload)):
-            return header
-    raise CorruptCheckpoint(
-        f"run {src.name}: a part its checkpoint lists is missing (read {_READS} times); "
-        "nothing was forked.",
-        run=src.name,
-    )

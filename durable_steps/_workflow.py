@@ -8,7 +8,7 @@ import threading
 from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any, Literal, ParamSpec, TypeVar, overload
 
-from . import _deploy, _resolve, _runner, _signals
+from . import _fingerprints, _fork, _resolve, _runner, _signals
 from ._drivers import drive_async, drive_sync
 from ._events import Subscriber
 from ._plan import Plan
@@ -226,7 +226,7 @@ class Workflow:
         """The steps' code fingerprints, computed once per list of steps."""
         steps, code = self._code
         if steps != self.steps:
-            self._code = steps, code = self.steps, _deploy.fingerprints(self.steps)
+            self._code = steps, code = self.steps, _fingerprints.fingerprints(self.steps)
         return code
 
     def run(
@@ -375,7 +375,7 @@ class Workflow:
         finished.
         """
         plan = self._plan(validate_name(new_run_id, "run id"), asynchronous=True)
-        drive_sync(_deploy.fork(plan, validate_name(run_id, "run id"), new_run_id), self.store)
+        drive_sync(_fork.fork(plan, validate_name(run_id, "run id"), new_run_id), self.store)
 
     def __repr__(self) -> str:
         names = ", ".join(s.name for s in self._steps)

@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 
 import durable_steps as ds
-from durable_steps import _deploy
+from durable_steps._fingerprints import fingerprint
 from durable_steps._record import checkpoint as ckpt
 from tests.conftest import StoreTarget, _target
 
@@ -507,12 +507,12 @@ def _function(source: str, name: str = "f", lines_before: int = 0) -> Any:
 def test_a_fingerprint_is_the_code_not_where_it_lives() -> None:
     """Moving a step (file, line) keeps its fingerprint; a changed constant or call changes it."""
     base = "def f(state):\n    state['n'] = {1, 2, 'x'}\n    return g(state, lambda: 'k')\n"
-    assert _deploy.fingerprint(_function(base)) == _deploy.fingerprint(_function(base, "f", 40))
+    assert fingerprint(_function(base)) == fingerprint(_function(base, "f", 40))
     changed = base.replace("'k'", "'j'")  # inside a nested lambda
-    assert _deploy.fingerprint(_function(changed)) != _deploy.fingerprint(_function(base))
+    assert fingerprint(_function(changed)) != fingerprint(_function(base))
     renamed = base.replace("g(", "h(")
-    assert _deploy.fingerprint(_function(renamed)) != _deploy.fingerprint(_function(base))
-    assert len(_deploy.fingerprint(_function(base))) == 12
+    assert fingerprint(_function(renamed)) != fingerprint(_function(base))
+    assert len(fingerprint(_function(base))) == 12
 
 
 def test_a_fingerprint_is_the_same_in_every_process(tmp_path: Path) -> None:
@@ -520,7 +520,7 @@ def test_a_fingerprint_is_the_same_in_every_process(tmp_path: Path) -> None:
     (tmp_path / "fp.py").write_text("def f(state):\n    return state in {'a', 'b', 'c', 'd'}\n")
     code = (
         "import sys; sys.path.insert(0, sys.argv[1]); import fp; "
-        "from durable_steps._deploy import fingerprint; print(fingerprint(fp.f))"
+        "from durable_steps._fingerprints import fingerprint; print(fingerprint(fp.f))"
     )
     prints = {
         subprocess.run(

@@ -99,7 +99,7 @@ header says how to read the payload and where the run stands:
     the run (a resume under another version calls its ``migrate`` first).
 ``code``
     ``null``, or ``{step: 12 hex digits}``: a fingerprint of each step's
-    code (bytecode and constants, see ``_deploy.fingerprint``) as of the
+    code (bytecode and constants, see ``_fingerprints.fingerprint``) as of the
     last commit, so ``show --app`` and ``plan`` can say which steps changed.
 ``sig``
     Only with a signing key, and always the line's last field: the hex

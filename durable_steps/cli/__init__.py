@@ -36,7 +36,7 @@ signal was already sent).
 Errors are one line on stderr (``durable-steps: error: ...``);
 ``--debug`` adds the traceback and the library's debug log.
 
-One module per group of commands (``_inspect``: ls and show; ``_waiting``:
+One module per group of commands (``_ls``: ls; ``_inspect``: show; ``_waiting``:
 signal, and what waiting runs wait for; ``_doubt``: resolve; ``_cleanup``:
 rm and prune; ``_worker``: worker; ``_deploys``: plan and fork), over
 ``_runs`` (reading runs from a store), ``_format`` (units, tables, colour)

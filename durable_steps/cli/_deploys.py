@@ -15,7 +15,7 @@ import os
 from collections.abc import Callable
 from typing import Any
 
-from .. import _deploy
+from .. import _deploy, _fork
 from .._apps import load_app
 from .._drivers import drive_sync
 from .._plan import Plan
@@ -194,8 +194,8 @@ def _cmd_fork(args: argparse.Namespace, store: Store, style: Style) -> int:
         serializer = _serializer(header)
     plan = Plan(name, (), serializer, None, "mark", (), store, 60.0)
     try:
-        drive_sync(_deploy.fork(plan, run_id, new_run), store)
-    except _deploy.ForkRefused as exc:
+        drive_sync(_fork.fork(plan, run_id, new_run), store)
+    except _fork.ForkRefused as exc:
         raise CommandError(exc.message, EXIT_REFUSED) from exc
     print(f"forked {name}/{run_id} -> {name}/{new_run}; run it with wf.resume({new_run!r})")
     if workflow is None:

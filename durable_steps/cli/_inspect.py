@@ -1,20 +1,18 @@
-"""``ls`` and ``show``: what runs there are, and why one stopped."""
+"""``show``: why a run stopped, what it did and what to do next."""
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import pprint
-import sys
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from .. import _deploy
 from .._apps import load_app
-from .._deploy import code_changes, fingerprints
 from .._drivers import drive_sync
+from .._fingerprints import code_changes, fingerprints
 from .._lease import is_live
 from .._record import checkpoint as ckpt
 from .._record.format2 import load_state
@@ -25,84 +23,48 @@ from ._base import (
     EXIT_OK,
     EXIT_REFUSED,
     EXIT_USAGE,
-    PROG,
     RUN_HELP,
     CommandError,
-    arg,
     cmd,
     run_ref,
-    workflow_name,
 )
 from ._format import (
     Style,
     clean,
-    echo,
     human_age,
     human_duration,
     human_size,
     json_text,
     run_size,
-    status_label,
     table,
     timestamp,
 )
-from ._indexed import covered, finished, live, locate, recent
+from ._indexed import locate
 from ._runs import (
-    RunInfo,
     effect_label,
-    find_runs,
     load,
     open_effects,
     owner_text,
     peek_header,
     run_status,
 )
-from ._waiting import signal_sent, wait_hint, wait_lines, waiting_for
+from ._waiting import signal_sent, wait_hint, wait_lines
 
 if TYPE_CHECKING:
     from .._workflow import Workflow
 
-__all__ = ["describe", "next_hint", "register", "summary"]
+__all__ = ["FINISHED", "describe", "next_hint", "next_step", "register"]
 
 _SIGNED = "+hmac-sha256"
-_FINISHED = ("completed", "deleted")  # "deleted": a tombstone, see _cleanup
-# What `ls --status` filters by, with "corrupt" (ls only).
-_LIVE = ("running", "queued", "stopped", "waiting", "failed", "in-doubt")
-_LS_STATUSES = (*_LIVE, "completed", "deleted")
-LS_LIMIT = 50
-"""How many runs ``ls`` shows without ``--limit`` or ``--all``: the newest."""
+FINISHED = ("completed", "deleted")  # "deleted": a tombstone, see _cleanup
 
 
-def _next_step(header: dict[str, Any]) -> str | None:
+def next_step(header: dict[str, Any]) -> str | None:
     """The name of the step an unfinished run resumes at (``None``: done or unknown)."""
     steps, index = header.get("steps") or [], header.get("next_step")
-    if header.get("status") in _FINISHED or not isinstance(index, int):
+    if header.get("status") in FINISHED or not isinstance(index, int):
         return None
     return str(steps[index]) if 0 <= index < len(steps) else None
-
-
-def ls_row(run: RunInfo, now: float) -> list[str]:
-    """The cells of ``run`` in ``ls``: workflow, run, status, step, iteration, age, size,
-    and what it waits for.
-    """
-    h = run.header or {}
-    step, updated = _next_step(h), h.get("updated_at")
-    if run.problem is not None:
-        where = "?"
-    elif run.status in _FINISHED:
-        where = "done"
-    else:
-        where = f"{step} ({h['next_step'] + 1}/{len(h['steps'])})" if step else "?"
-    return [
-        run.workflow,
-        run.run_id,
-        status_label(run.status),
-        where,
-        str(h.get("iteration", "?")),
-        human_age(now - float(updated)) if updated is not None else "?",
-        human_size(run.size),
-        waiting_for(run.header, run.signals, now),
-    ]
 
 
 def state_text(state: Any, serializer: str) -> str:
@@ -202,7 +164,7 @@ def _hint(header: ckpt.Checkpoint) -> str:
     step = header.steps[header.next_step] if header.next_step < len(header.steps) else "?"
     intent = header.intent or _effect_intent(header) or {}
     doubt, resolve = _doubt(header, intent)
-    if header.status in _FINISHED:
+    if header.status in FINISHED:
         return _finished_hint(header)
     if header.status == "in_doubt":  # the step's in_doubt="raise" policy stopped the run
         return f"{doubt}: {resolve}, and rerun the workflow"
@@ -285,7 +247,7 @@ def _deploy_text(header: ckpt.Checkpoint, app: Workflow) -> str:
     """What resuming the run under ``app``'s code does (renames, steps added and
     removed, a version), or why it would not resume.
     """
-    if header.status in _FINISHED:
+    if header.status in FINISHED:
         return "finished: nothing to resume"
     try:
         decision = _deploy.preview(header, app._plan(header.run_id, asynchronous=True))
@@ -309,7 +271,7 @@ def describe(
     code = fingerprints(app.steps) if app is not None else None
     now = time.time()
     n = len(header.steps)
-    if header.status in _FINISHED:
+    if header.status in FINISHED:
         where = f"finished in iteration {header.iteration}"
     else:
         step = header.steps[header.next_step] if header.next_step < n else "?"
@@ -325,7 +287,7 @@ def describe(
     lines = [f"{style.bold(clean(header.run))}  {style.status(status)}"]
     lines += _fields(
         [
-            ("position" if status in ("running", *_FINISHED) else "stopped at", where),
+            ("position" if status in ("running", *FINISHED) else "stopped at", where),
             ("owner", owner_text(header.owner, header.status, since=header.updated_at)),
             ("committed", f"{header.committed} step commit{'s' * (header.committed != 1)}"),
             ("steps", " -> ".join(header.steps)),
@@ -415,30 +377,6 @@ def _journal_lines(
     return ["", style.bold("journal of the step in progress"), *_fields(pairs, style)]
 
 
-def summary(run: RunInfo, now: float) -> dict[str, Any]:
-    """``run`` as one object of ``ls --json``."""
-    h = run.header or {}
-    return {
-        "run": run.name,
-        "workflow": run.workflow,
-        "run_id": run.run_id,
-        "key": run.key,
-        "status": run.status,
-        "owner": h.get("owner"),
-        "next_step": _next_step(h) if run.problem is None else None,
-        "iteration": h.get("iteration"),
-        "committed": h.get("committed"),
-        "updated_at": h.get("updated_at"),
-        "age_seconds": round(now - h["updated_at"], 3) if "updated_at" in h else None,
-        "size": run.size,
-        "intent": h.get("intent"),
-        "error": h.get("error"),
-        "wait": h.get("wait"),
-        "waiting_for": waiting_for(h, run.signals, now) or None,
-        "problem": run.problem,
-    }
-
-
 def _decode_state(store: Store, header: ckpt.Checkpoint, payload: bytes, unsafe: bool) -> Any:
     name = header.serializer
     inner = name.removesuffix(_SIGNED)
@@ -484,69 +422,6 @@ def _decode_state(store: Store, header: ckpt.Checkpoint, payload: bytes, unsafe:
         raise CorruptCheckpoint(f"run {header.run}: cannot decode the state: {exc}") from exc
 
 
-def _positive(text: str) -> int:
-    number = int(text)
-    if number < 1:
-        raise ValueError(f"expected a count of at least 1, not {text!r}")
-    return number
-
-
-def _listed(args: argparse.Namespace, store: Store) -> tuple[list[RunInfo], bool]:
-    """The runs ``ls`` shows, newest first, and whether more were left out.
-
-    Through the index of runs where it covers the workflow: a live status
-    reads only the live runs, a finished one the newest done entries, no
-    status the live runs and then the recently finished. ``--all``, or a
-    store the index does not cover, reads every run.
-    """
-    status = args.status.replace("-", "_") if args.status else None
-    limit = None if args.all else (args.limit or LS_LIMIT)
-    indexed = not args.all and covered(store, args.workflow)
-    if not indexed:
-        runs = find_runs(store, args.workflow)
-        if not args.all and runs:
-            echo(
-                f"{PROG}: this store's index of runs is incomplete (runs written by an earlier "
-                f"version), so every run was read; `{cmd()} reindex` builds it once",
-                stream=sys.stderr,
-            )
-        runs.sort(key=lambda r: -float((r.header or {}).get("updated_at") or 0))
-    elif status is None:
-        runs = recent(store, args.workflow, None if limit is None else limit + 1)
-    elif status in ("completed", "deleted"):
-        runs = finished(store, args.workflow, status, None if limit is None else limit + 1)
-    else:
-        runs = live(store, args.workflow)
-    if status is not None:
-        runs = [r for r in runs if r.status == status]
-    more = limit is not None and len(runs) > limit
-    return runs[:limit] if limit is not None else runs, more
-
-
-def _cmd_ls(args: argparse.Namespace, store: Store, style: Style) -> int:
-    runs, more = _listed(args, store)
-    if more:
-        echo(
-            f"{PROG}: the newest {len(runs)} shown; --limit N or --all for more",
-            stream=sys.stderr,
-        )
-    now = time.time()
-    if args.json:
-        print(json.dumps([summary(r, now) for r in runs], indent=2))
-        return EXIT_OK
-    if not runs:
-        echo(f"{PROG}: no matching runs in {args.store_url}", stream=sys.stderr)
-        return EXIT_OK
-    rows = [ls_row(r, now) for r in runs]
-
-    def paint(row: int, column: int, text: str) -> str:
-        return style.status(runs[row].status, text) if column == 2 else text
-
-    headers = ["WORKFLOW", "RUN", "STATUS", "STEP", "ITER", "AGE", "SIZE", "WAITING FOR"]
-    print("\n".join(table(headers, rows, style=style, color=paint, right=(4, 6))))
-    return EXIT_OK
-
-
 def _trace(header: ckpt.Checkpoint) -> str:
     """The run's OpenTelemetry trace id (``integrations.otel``), 32 hex digits."""
     return format(ckpt.trace_ids(header.workflow, header.run_id, header.run_nonce)[0], "032x")
@@ -585,43 +460,7 @@ def _cmd_show(args: argparse.Namespace, store: Store, style: Style) -> int:
 
 
 def register(command: Callable[..., Any]) -> None:
-    """Add the ``ls`` and ``show`` subcommands through build_parser's ``command`` factory."""
-    ls = command(
-        "ls",
-        _cmd_ls,
-        "list runs: status, step reached, age, size",
-        "List runs, one per line: workflow, run id, status, the next step to run (or "
-        "'done'), iteration, time since the last checkpoint, size, and what a waiting run "
-        f"waits for; the newest first: live runs, then recently finished ones, {LS_LIMIT} "
-        "unless --limit or --all. Statuses: running (a live process owns it), queued "
-        "(submitted, not started yet), stopped (nobody runs it: crashed, killed or "
-        "released), waiting (a step waits for a time or a signal), failed, "
-        "in-doubt (a non-idempotent step may have fired: its policy stopped the run, or the "
-        "run crashed with the step's intent pending), completed, deleted (completed with "
-        "on_complete='delete': only a tombstone is left); 'corrupt' for a checkpoint that "
-        "cannot be read.",
-    )
-    ls.add_argument("--workflow", "-w", type=workflow_name, help="only runs of this workflow")
-    ls.add_argument(
-        "--status",
-        "-s",
-        type=lambda s: s.replace("_", "-"),
-        choices=(*_LS_STATUSES, "corrupt"),
-        help="only runs with this status",
-    )
-    ls.add_argument("--json", action="store_true", help="a JSON array, for machines")
-    ls.add_argument(
-        "--limit",
-        "-n",
-        type=arg(_positive),
-        help=f"show at most N runs, the newest first (default {LS_LIMIT})",
-    )
-    ls.add_argument(
-        "--all",
-        action="store_true",
-        help="every run, however many (this reads every run in the store)",
-    )
-
+    """Add the ``show`` subcommand through build_parser's ``command`` factory."""
     show = command(
         "show",
         _cmd_show,

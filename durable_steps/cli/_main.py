@@ -14,7 +14,7 @@ from typing import Any, NoReturn
 from .._version import __version__
 from ..errors import CheckpointConflict, DefinitionError, DurableStepsError, RunLocked
 from ..stores import DEFAULT_STORE, STORE_ENV, Store, command_hint, open_store
-from . import _cleanup, _deploys, _doubt, _inspect, _reindex, _waiting, _worker
+from . import _cleanup, _deploys, _doubt, _inspect, _ls, _reindex, _waiting, _worker
 from ._base import EXIT_ERROR, EXIT_REFUSED, EXIT_USAGE, INVOKED, PROG, CommandError
 from ._format import Style, echo, use_color
 
@@ -132,7 +132,7 @@ def build_parser() -> argparse.ArgumentParser:
         sub.set_defaults(handler=handler)
         return sub
 
-    for group in (_inspect, _waiting, _doubt, _cleanup, _reindex, _worker, _deploys):
+    for group in (_ls, _inspect, _waiting, _doubt, _cleanup, _reindex, _worker, _deploys):
         group.register(command)
     return parser
 
