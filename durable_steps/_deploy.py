@@ -40,6 +40,7 @@ from .errors import (
     SerializationError,
     WorkflowChanged,
 )
+from .stores import command_hint
 
 __all__ = [
     "Decision",
@@ -79,13 +80,15 @@ def decide(
     intent: dict[str, Any] | None,
     loops: bool = False,
     renamed: Mapping[str, str] | None = None,
+    command: str = "durable-steps",
 ) -> Decision:
     """Map an unfinished run's position onto the ``current`` step names.
 
     ``loops`` says whether the workflow repeats its pass (``until``): a step
     added before the position then runs from the next pass. ``renamed``
     (``{old name: step name}``, the steps' ``renamed_from``) maps the stored
-    names first, so a renamed step is the same step. Raises
+    names first, so a renamed step is the same step. ``command`` begins the
+    commands an error suggests (``durable-steps --store URL``). Raises
     :class:`WorkflowChanged` naming the step and what to do when the run
     cannot be resumed safely.
     """
@@ -104,18 +107,20 @@ def decide(
         raise WorkflowChanged(
             f"{where} has a pending intent of step {pending!r}, which the workflow no longer "
             f"has (steps now {list(current)}): that step may have fired, and only it can "
-            "settle that (re-fire with its key, reconcile, or apply a `durable-steps "
-            f"resolve`). Resume the run once with code that still has step {pending!r}, "
-            "then deploy the change; nothing was written.",
+            f"settle that (re-fire with its key, reconcile, or apply a `{command} "
+            f"resolve`). If it was renamed, name it in the new step's renamed_from=; "
+            f"else resume the run once with code that still has step {pending!r}, then "
+            "deploy the change. Nothing was written.",
             run=run,
             step=pending,
         )
     if position not in current:
         raise WorkflowChanged(
             f"{where}: its next step {position!r} is gone (steps now {list(current)}), so "
-            "where to resume is unknown; nothing was written. Keep (or restore) that step "
-            "until the run has passed it (finish the run with the old code), or delete the "
-            f"run to start over (`durable-steps rm {run}`).",
+            "where to resume is unknown; nothing was written. If it was renamed, name it "
+            f"in the new step's renamed_from=({position!r}); else keep (or restore) that "
+            "step until the run has passed it (finish the run with the old code), or "
+            f"delete the run to start over (`{command} rm {run}`).",
             run=run,
             step=position,
         )
@@ -254,6 +259,7 @@ def _decide(header: ckpt.Checkpoint, plan: Plan) -> Decision:
         intent=header.intent,
         loops=plan.until is not None,
         renamed=plan.renamed(),
+        command=command_hint(plan.store),
     )
 
 

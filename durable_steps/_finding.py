@@ -31,6 +31,7 @@ from ._lease import is_live
 from ._record import checkpoint as ckpt
 from ._run import clear_objects, store_skew
 from .errors import CorruptCheckpoint, DefinitionError, DurableStepsError
+from .stores import command_hint
 
 if TYPE_CHECKING:
     from .stores import ObjectInfo, Store
@@ -256,9 +257,9 @@ class Finder:
             logger.warning(
                 "worker %s: this store has runs written before the index of runs (or the "
                 "index is not complete), so every scan lists and reads every run. Run "
-                "`durable-steps reindex --workflow %s` once to make scans cost only the live "
-                "runs.",
+                "`%s reindex --workflow %s` once to make scans cost only the live runs.",
                 self.workflow,
+                command_hint(self.store),
                 self.workflow,
             )
         for info in infos:

@@ -50,13 +50,16 @@ def load(run: RunState, data: bytes, version: str) -> Protocol[bool]:
     header = run.header
     if header.status not in ("completed", "deleted", "waiting"):  # a waiting one: _wake says
         step = run.plan.steps[header.next_step].name
-        logger.info(
-            "run %s resumed at step %r (iteration %d) after %d committed steps",
-            run.name,
-            step,
-            header.iteration,
-            header.committed,
-        )
+        if header.committed == 0 and header.owner is None:  # submitted, never started
+            logger.info("run %s started (it was submitted and queued)", run.name)
+        else:
+            logger.info(
+                "run %s resumed at step %r (iteration %d) after %d committed steps",
+                run.name,
+                step,
+                header.iteration,
+                header.committed,
+            )
         run.event("run_resumed", step=step, iteration=header.iteration)
     return claim
 

@@ -16,7 +16,7 @@ from ._record.checkpoint import validate_name
 from ._step import InDoubt, Retry, Step, callable_with, is_async_callable
 from .errors import DefinitionError, RunNotFound, RunSuspended
 from .serializers import Serializer, SignedSerializer, resolve_serializer
-from .stores import STORE_ENV, open_store
+from .stores import STORE_ENV, command_hint, open_store
 
 if TYPE_CHECKING:
     from .stores import Store
@@ -309,8 +309,9 @@ class Workflow:
         where = getattr(self.store, "url", None) or repr(self.store)
         return RunNotFound(
             f"run {self.name}/{run_id} does not exist in {where}, so it was not resumed "
-            "(nothing was written). Check the id (`durable-steps ls` lists the runs) and "
-            "the store; start a new run with wf.run(run_id, state).",
+            f"(nothing was written). Check the id (`{command_hint(self.store)} ls --workflow "
+            f"{self.name}` lists the runs) and the store; start a new run with "
+            "wf.run(run_id, state).",
             run=f"{self.name}/{run_id}",
             store=where,
         )

@@ -49,6 +49,7 @@ from .errors import (
     StoreError,
     WorkflowChanged,
 )
+from .stores import command_hint
 
 if TYPE_CHECKING:
     from ._workflow import Workflow
@@ -193,8 +194,8 @@ class Worker:
         ]
         stranded = (
             "worker: run %s/%s cannot be resumed by this code and is left as it is; the "
-            "others go on. %s Check the deploy with `durable-steps plan --all --app "
-            "module:workflow`."
+            "others go on. %s Check the deploy with `%s plan --all --app MODULE:WORKFLOW` "
+            "(the new code's app)."
         )
         try:
             if any(s.is_async for s in wf.steps):
@@ -205,11 +206,14 @@ class Worker:
                 drive_sync(protocol, wf.store)
         except BaseException as exc:  # one run's failure never stops the worker
             if isinstance(exc, WorkflowChanged):
-                logger.error(stranded, wf.name, run_id, exc)
+                logger.error(stranded, wf.name, run_id, exc, command_hint(wf.store))
                 return "stranded"
             for kind, name in outcomes:
                 if isinstance(exc, kind):
-                    logger.info("worker: run %s/%s %s: %s", wf.name, run_id, name, exc)
+                    if isinstance(exc, Released):  # its message is just that
+                        logger.info("worker: run %s/%s released", wf.name, run_id)
+                    else:
+                        logger.info("worker: run %s/%s %s: %s", wf.name, run_id, name, exc)
                     return name
             if isinstance(exc, StoreError):
                 logger.warning("worker: run %s/%s: %s; will retry", wf.name, run_id, exc)

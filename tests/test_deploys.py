@@ -616,6 +616,7 @@ def test_plan_exits_0_when_every_run_resumes(deploy: Deploy) -> None:
     """The same code, or a compatible change, plans every run to resume: exit 0."""
     old = deploy.version("v1", V1, version="1")
     deploy.kill(old, "draft:0")
+    deploy.kill(old, "draft:0", run="broken")  # listed in the index of runs; damaged below
     same = deploy.cli(old, "plan", "--all", "--app", "deployapp:wf")
     assert same.returncode == 0, same.stderr
     assert "the same steps as the code that made it" in same.stdout
@@ -623,8 +624,11 @@ def test_plan_exits_0_when_every_run_resumes(deploy: Deploy) -> None:
     planned = deploy.cli(new, "plan", "--all", "--app", "deployapp:wf")
     assert planned.returncode == 0, planned.stderr
     assert "version '1' -> '2': migrate(state, '1') runs first" in planned.stdout
-    assert "1 unfinished run of deploy: 1 resume, 0 would not" in planned.stdout
-    deploy.store.put(ckpt.checkpoint_key(WORKFLOW, "broken"), b"not a checkpoint")
+    assert "2 unfinished runs of deploy: 2 resume, 0 would not" in planned.stdout
+    broken = ckpt.checkpoint_key(WORKFLOW, "broken")
+    found = deploy.store.get(broken)
+    assert found is not None
+    deploy.store.put(broken, b"not a checkpoint", match=found[1])
     damaged = deploy.cli(new, "plan", "--all", "--app", "deployapp:wf")
     assert damaged.returncode == 1  # unreadable: not a WorkflowChanged, but not fine either
     assert "deploy/broken  corrupt  would not resume" in damaged.stdout

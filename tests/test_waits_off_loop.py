@@ -14,6 +14,9 @@ import durable_steps as ds
 
 LATENCY = 0.2
 """Seconds each store request takes: a far-away bucket."""
+STALL = LATENCY / 2
+"""A request made on the loop stalls it LATENCY or more; half of it leaves room for a
+loaded machine's scheduling jitter and still catches every request made there."""
 
 
 class SlowStore:
@@ -93,7 +96,7 @@ def waiting_workflow(store: SlowStore, drafts: list[str] | None = None) -> ds.Wo
 
 def test_waits_in_an_async_step_never_block_the_loop(tmp_path: Path) -> None:
     """A wait that suspends, a signal found at wake, a signal there at the first wait,
-    a durable sleep: with 200 ms per store request, the loop never stalls 50 ms."""
+    a durable sleep: with 200 ms per store request, the loop never stalls 100 ms."""
     store = SlowStore(tmp_path)
     wf = waiting_workflow(store)
 
@@ -110,7 +113,7 @@ def test_waits_in_an_async_step_never_block_the_loop(tmp_path: Path) -> None:
     outcomes, worst = asyncio.run(worst_tick(scenario()))
     assert outcomes == ["approval", {"draft": "refund 4411?", "answer": "yes"}]
     assert store.requests > 10  # the store was used, at 200 ms a request
-    assert worst < 0.05, f"the event loop was blocked for {worst * 1000:.0f} ms"
+    assert worst < STALL, f"the event loop was blocked for {worst * 1000:.0f} ms"
 
 
 def test_a_signal_already_there_at_the_first_wait_is_taken_off_the_loop(tmp_path: Path) -> None:
@@ -124,7 +127,7 @@ def test_a_signal_already_there_at_the_first_wait_is_taken_off_the_loop(tmp_path
     final, worst = asyncio.run(worst_tick(wf.arun("r2", wait=True)))
     assert final == {"draft": "refund 4411?", "answer": "no"}
     assert drafts == ["drafted"]
-    assert worst < 0.05, f"the event loop was blocked for {worst * 1000:.0f} ms"
+    assert worst < STALL, f"the event loop was blocked for {worst * 1000:.0f} ms"
 
 
 @pytest.mark.parametrize("payload", [None, {"ok": True}])

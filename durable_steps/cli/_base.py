@@ -7,10 +7,15 @@ import contextvars
 import json
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from .._apps import load_app
 from .._record import checkpoint as ckpt
 from ..errors import DefinitionError
+from ..stores import Store, command_hint
+
+if TYPE_CHECKING:
+    from .._workflow import Workflow
 
 __all__ = [
     "EXIT_ERROR",
@@ -40,11 +45,29 @@ INVOKED: contextvars.ContextVar[str] = contextvars.ContextVar("invoked", default
 store (``--store URL``), as set by ``main``: what a hint's command starts with."""
 
 
+APP: contextvars.ContextVar[str] = contextvars.ContextVar("app", default="module:workflow")
+"""The ``--app`` this invocation was given (a placeholder without one): what a
+hint's ``worker --app`` names."""
+
+
 def cmd() -> str:
     """The command a hint suggests begins with this: ``durable-steps`` and the
     ``--store`` the invocation was given, so the suggestion works as printed.
     """
     return INVOKED.get()
+
+
+def app_on_store(args: argparse.Namespace, store: Store) -> Workflow:
+    """The ``--app`` workflow, on ``--store`` when one was given explicitly, else
+    on the store the app configured (as a worker of that app would use); the
+    hints of this invocation then name that store and that app.
+    """
+    workflow = load_app(args.app)
+    if args.store:
+        workflow.store = store
+    INVOKED.set(command_hint(workflow.store))
+    APP.set(args.app)
+    return workflow
 
 
 class CommandError(Exception):

@@ -16,7 +16,6 @@ from collections.abc import Callable
 from typing import Any
 
 from .. import _deploy, _fork
-from .._apps import load_app
 from .._drivers import drive_sync
 from .._plan import Plan
 from .._record import checkpoint as ckpt
@@ -31,6 +30,7 @@ from ._base import (
     EXIT_USAGE,
     RUN_HELP,
     CommandError,
+    app_on_store,
     run_ref,
 )
 from ._format import Style, clean
@@ -40,14 +40,6 @@ from ._runs import effect_label, find_runs, load, open_effects, run_status
 __all__ = ["register"]
 
 _FINISHED = ("completed", "deleted")
-
-
-def _app(args: argparse.Namespace, store: Store) -> Workflow:
-    """The ``--app`` workflow, on ``--store`` when one was given explicitly."""
-    workflow = load_app(args.app)
-    if args.store:
-        workflow.store = store
-    return workflow
 
 
 def _same_workflow(workflow: Workflow, name: str, run: str) -> None:
@@ -125,7 +117,7 @@ def _lines(result: dict[str, Any], style: Style) -> list[str]:
 def _cmd_plan(args: argparse.Namespace, store: Store, style: Style) -> int:
     if args.all == (args.run is not None):
         raise CommandError("give either RUN or --all", EXIT_USAGE)
-    workflow = _app(args, store)
+    workflow = app_on_store(args, store)
     store = workflow.store
     results = []
     if args.all:
@@ -182,7 +174,7 @@ def _serializer(header: ckpt.Checkpoint) -> Serializer:
 
 def _cmd_fork(args: argparse.Namespace, store: Store, style: Style) -> int:
     new_run = args.new_run
-    workflow = _app(args, store) if args.app else None
+    workflow = app_on_store(args, store) if args.app else None
     if workflow is not None:
         store = workflow.store
     name, run_id = locate(store, args.run)

@@ -10,7 +10,6 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from .. import _deploy
-from .._apps import load_app
 from .._drivers import drive_sync
 from .._fingerprints import code_changes, fingerprints
 from .._lease import is_live
@@ -20,11 +19,13 @@ from ..errors import CorruptCheckpoint, WorkflowChanged
 from ..serializers import SIGNING_KEY_ENV, PickleSerializer, Serializer, resolve_serializer
 from ..stores import Store
 from ._base import (
+    APP,
     EXIT_OK,
     EXIT_REFUSED,
     EXIT_USAGE,
     RUN_HELP,
     CommandError,
+    app_on_store,
     cmd,
     run_ref,
 )
@@ -175,7 +176,7 @@ def _hint(header: ckpt.Checkpoint) -> str:
     if is_live(header.owner, since=header.updated_at):
         who = owner_text(header.owner, header.status, since=header.updated_at)
         return f"it is being run by {who}: wait for it (`{cmd()} show {name}` again to follow it)"
-    resume = f"rerun the workflow or `{cmd()} worker --app module:workflow`"
+    resume = f"rerun the workflow or `{cmd()} worker --app {APP.get()}`"
     if intent:
         return _crashed_hint(header, intent, resume)
     queued = header.owner is None and not header.committed
@@ -428,6 +429,9 @@ def _trace(header: ckpt.Checkpoint) -> str:
 
 
 def _cmd_show(args: argparse.Namespace, store: Store, style: Style) -> int:
+    app = app_on_store(args, store) if args.app else None
+    if app is not None:  # where the app's workers would look, as `plan --app`
+        store = app.store
     header, payload, data = load(store, *locate(store, args.run))
     gone = header.status == "deleted"  # a tombstone has no state to decode
     state = (
@@ -450,7 +454,6 @@ def _cmd_show(args: argparse.Namespace, store: Store, style: Style) -> int:
             doc["state"] = state
         print(json_text(doc))
         return EXIT_OK
-    app = load_app(args.app) if args.app else None
     lines = describe(header, payload, len(data), style, sent_at=signal_sent(store, header), app=app)
     if args.state:
         text = "none: deleted when the run completed" if gone else None

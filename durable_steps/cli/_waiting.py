@@ -21,6 +21,7 @@ from ..errors import DurableStepsError, SerializationError, StoreError
 from ..serializers import SIGNING_KEY_ENV, JSONSerializer, SignedSerializer
 from ..stores import Store
 from ._base import (
+    APP,
     EXIT_NOT_FOUND,
     EXIT_OK,
     EXIT_REFUSED,
@@ -40,7 +41,7 @@ __all__ = ["register", "signal_sent", "wait_hint", "wait_lines", "waiting_for"]
 
 
 def _resume() -> str:
-    return f"rerun the workflow or let `{cmd()} worker --app module:workflow` resume it"
+    return f"rerun the workflow or let `{cmd()} worker --app {APP.get()}` resume it"
 
 
 def _clock(epoch: float, now: float) -> str:
