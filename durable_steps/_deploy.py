@@ -147,6 +147,19 @@ def _renames(run: str, stored: tuple[str, ...], renamed: Mapping[str, str]) -> d
                 run=run,
                 step=new,
             )
+    merged: dict[str, str] = {}
+    for old, new in renames.items():
+        if new in merged:
+            raise WorkflowChanged(
+                f"run {run} has both step {merged[new]!r} and step {old!r} (steps were "
+                f"{list(stored)}), and {new!r}'s renamed_from names both, which would make two "
+                "of its steps one (a committed one would run again, its effects under new "
+                f"keys); nothing was written. Name only one of them until the run has "
+                "finished.",
+                run=run,
+                step=new,
+            )
+        merged[new] = old
     return renames
 
 
@@ -237,7 +250,10 @@ def adopt(run: RunState, header: ckpt.Checkpoint) -> ckpt.Checkpoint:
     renamed = plan.renamed()
     journal, wait = header.journal, header.wait
     if journal is not None and journal["step"] in renamed:  # its records follow it (_log)
-        journal = {**journal, "step": renamed[journal["step"]]}
+        # Its records keep the name they were written under: ``was`` lists the
+        # names they may carry, so a second rename (b -> x -> y) still finds them.
+        was = sorted({journal["step"], *journal.get("was", ())})
+        journal = {**journal, "step": renamed[journal["step"]], "was": was}
     if wait is not None and wait["step"] in renamed:
         wait = {**wait, "step": renamed[wait["step"]]}
     return header.replace(

@@ -118,6 +118,8 @@ class Log:
         self.results: dict[str, Result] = {}
         self.open: dict[str, dict[str, Any]] = {}
         """Effects whose intent is durable and whose result is not, by name."""
+        self.was: list[str] = []
+        """Earlier names of the step its records may carry (see ``_load``)."""
         self.closed = False
         self.lost = False
         self._cond = threading.Condition()
@@ -134,6 +136,10 @@ class Log:
         if field is None or (field["step"], field["iteration"]) != (self.step, self.iteration):
             return
         self.open = {entry["name"]: dict(entry) for entry in field["open"]}
+        # The names the step's records may carry: the step was renamed since they
+        # were written (``was``, kept by _deploy.adopt), perhaps again now (renamed).
+        self.was = list(field.get("was", ()))
+        names = {self.step, *self.was}
         if run.header.format == 1:
             for name, kind, key, data in field["inline"]:
                 self.results[name] = Result(kind, key, base64.b64decode(data))
@@ -141,7 +147,7 @@ class Log:
             renamed = run.plan.renamed()  # records made before a rename name the old step
             for meta, record in run.parts.journal:
                 step, iteration, name, kind, key = meta
-                if (renamed.get(step, step), iteration) == (self.step, self.iteration):
+                if iteration == self.iteration and (step in names or renamed.get(step) in names):
                     self.results[name] = Result(kind, key, record)
             run.parts.journal = []  # taken: a later step's journal starts empty
         if len(self.results) != field["calls"]:
@@ -274,6 +280,8 @@ class Log:
             "calls": len(results),
             "open": list(opened.values()),
         }
+        if self.was:
+            field["was"] = self.was
         if self.run.parts is None:
             field["inline"] = [
                 [n, r.kind, r.key, base64.b64encode(r.blob).decode()] for n, r in results.items()

@@ -12,8 +12,10 @@ logged ``refund <key>``). The old code stops where ``--scene`` says:
 ``doubt``         SIGKILL inside the refund, after it reached the ledger
 ``fail``          the step raises after the draft (the run fails)
 ``wait``          the step waits for signal ``go`` (the run suspends)
+``twice``         as ``call``; the new code records a second call, then is SIGKILLed
 
-The new code runs the run to its end and prints the final state as JSON.
+The new code runs the run to its end and prints the final state as JSON. The
+newer code renames it again: ``approved`` with ``renamed_from="approve"``.
 """
 
 from __future__ import annotations
@@ -58,8 +60,12 @@ def desk(store: str, code: str, scene: str, ledger: Path) -> ds.Workflow:
 
     def middle(state: dict[str, Any], ctx: ds.Context) -> None:
         state["draft"] = ctx.call("draft", draft)
-        if old and scene == "call":
+        if old and scene in ("call", "twice"):
             os.kill(os.getpid(), signal.SIGKILL)
+        if scene == "twice":  # a call the new code records (its head names the new step)
+            state["second"] = ctx.call("second", lambda: append(ledger, "second") or "ok")
+            if code == "new":
+                os.kill(os.getpid(), signal.SIGKILL)
         if old and scene == "fail":
             raise ValueError("the refunds API is down")
         if scene == "wait":
@@ -70,8 +76,10 @@ def desk(store: str, code: str, scene: str, ledger: Path) -> ds.Workflow:
 
     if old:
         wf.step(name="approval")(middle)
-    else:
+    elif code == "new":
         wf.step(name="approve", renamed_from="approval")(middle)
+    else:
+        wf.step(name="approved", renamed_from="approve")(middle)
 
     @wf.step()
     def finish(state: dict[str, Any]) -> None:
@@ -83,7 +91,7 @@ def desk(store: str, code: str, scene: str, ledger: Path) -> ds.Workflow:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--store", required=True)
-    parser.add_argument("--code", choices=("old", "new"), required=True)
+    parser.add_argument("--code", choices=("old", "new", "newer"), required=True)
     parser.add_argument("--run", required=True)
     parser.add_argument("--scene", required=True)
     parser.add_argument("--ledger", type=Path, required=True)

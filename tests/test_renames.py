@@ -6,6 +6,7 @@ import asyncio
 import json
 import logging
 import re
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -153,6 +154,44 @@ def test_a_rename_onto_a_step_the_run_still_has_is_refused_on_resume(tmp_path: P
     assert store.get("w/r/checkpoint") == stored
 
 
+def test_a_step_renamed_twice_replays_what_it_recorded_under_its_first_name(
+    target: StoreTarget, tmp_path: Path
+) -> None:
+    """approval -> approve -> approved, the run killed inside the step under the first two
+    names: the newest code replays the draft recorded under 'approval' (after the second
+    code resumed the run once, its head names the step 'approve')."""
+    ledger = tmp_path / "ledger"
+    assert child(target, "old", "twice", ledger).returncode == -signal.SIGKILL
+    assert child(target, "new", "twice", ledger).returncode == -signal.SIGKILL
+    done = child(target, "newer", "twice", ledger)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["filed"] is True
+    lines = ledger.read_text().split("\n")
+    assert lines.count("draft") == 1  # recorded once, replayed by both later codes
+    assert lines.count("second") == 1
+    assert sum(line.startswith("refund ") for line in lines) == 1
+
+
+def test_two_stored_steps_merged_into_one_are_refused_on_resume(tmp_path: Path) -> None:
+    """A run stored with steps 'a' and 'b' cannot take one step's renamed_from=('a', 'b'):
+    the committed 'a' would run again (its effects under new keys). WorkflowChanged,
+    nothing written."""
+    store = ds.LocalStore(tmp_path)
+    before = ds.Workflow("w", store=store)
+    before.step(name="a")(lambda s: None)
+    before.step(name="b")(lambda s: None)
+    with pytest.raises(ds.testing.SimulatedCrash):  # a committed, b not
+        ds.Workflow(
+            "w", store=ds.testing.CrashingStore(store, after_write=2), steps=before.steps
+        ).run("r", {})
+    stored = store.get("w/r/checkpoint")
+    after = ds.Workflow("w", store=store)
+    after.step(name="ab", renamed_from=("a", "b"))(lambda s: None)
+    with pytest.raises(ds.WorkflowChanged, match=r"both step 'a' and step 'b'"):
+        after.resume("r")
+    assert store.get("w/r/checkpoint") == stored
+
+
 # --- what the tools say -----------------------------------------------------------------
 
 APP = """
@@ -232,7 +271,7 @@ def test_a_worker_reports_a_run_it_cannot_resume_and_goes_on(
         report = ds.Worker(new).run(until_idle=True)
     assert (report.completed, report.stranded, report.errors) == (["fresh"], ["parked"], [])
     assert "run desk/parked cannot be resumed by this code" in caplog.text
-    assert "durable-steps plan --all --app" in caplog.text
+    assert f"{ds.stores.command_hint(store)} plan --all --app MODULE:WORKFLOW" in caplog.text
     app = "import durable_steps as ds\nwf = ds.Workflow('desk')\n"
     (tmp_path / "otherdesk.py").write_text(app + "wf.step(name='other')(lambda s: None)\n")
     worker = cli(target, tmp_path, "worker", "--app", "otherdesk:wf", "--until-idle")

@@ -99,6 +99,9 @@ def _journal_problem(journal: object, version: int) -> str | None:  # noqa: PLR0
         return "journal has no step and iteration"
     if not _is_count(journal.get("calls")):
         return f"journal.calls is {show(journal.get('calls'))}"
+    was = journal.get("was", [])
+    if not (isinstance(was, list) and all(isinstance(name, str) for name in was)):
+        return f"journal.was is {show(was)}, not a list of step names"
     opened = journal.get("open")
     if not isinstance(opened, list):
         return "journal.open is not a list"

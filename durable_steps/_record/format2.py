@@ -389,14 +389,18 @@ def load_state(
     found = yield GetMany(tuple(parts.key(p["name"]) for p in header.parts))
     state: Any = None
     journal = header.journal
-    current = [journal["step"], journal["iteration"]] if journal else None
+    # The names the step's records may carry: its own, those it had when they were
+    # written (``was``), and the stored names the current code renamed.
+    names = {journal["step"], *journal.get("was", ())} if journal else set()
 
     def replay(record: bytes) -> None:
         nonlocal state
         ops = parts.finder.ops(record)
         if ops and ops[0][0] == JOURNAL:  # a call's record: the step in progress's only
             step, iteration = ops[0][1][:2]
-            if [(renamed or {}).get(step, step), iteration] == current:
+            if journal and iteration == journal["iteration"] and (
+                step in names or (renamed or {}).get(step) in names
+            ):
                 parts.journal.append((ops[0][1], record))
         else:
             state = apply(state, ops)
