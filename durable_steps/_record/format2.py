@@ -398,8 +398,10 @@ def load_state(
         ops = parts.finder.ops(record)
         if ops and ops[0][0] == JOURNAL:  # a call's record: the step in progress's only
             step, iteration = ops[0][1][:2]
-            if journal and iteration == journal["iteration"] and (
-                step in names or (renamed or {}).get(step) in names
+            if (
+                journal
+                and iteration == journal["iteration"]
+                and (step in names or (renamed or {}).get(step) in names)
             ):
                 parts.journal.append((ops[0][1], record))
         else:
