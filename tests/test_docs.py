@@ -29,6 +29,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.s3servers import S3Server
+
 ROOT = Path(__file__).resolve().parent.parent
 PAGES = [*sorted((ROOT / "docs").rglob("*.md")), ROOT / "README.md"]
 FENCE = re.compile(
@@ -88,6 +90,7 @@ def run_page(page: Path, workdir: Path) -> list[subprocess.CompletedProcess[str]
     ]
 
 
+@pytest.mark.slow  # a child process per page: about a second each
 @pytest.mark.parametrize(
     "page",
     [p for p in PAGES if runnable(p)],
@@ -123,18 +126,21 @@ def test_the_harness_runs_blocks_and_fails_on_a_broken_one(tmp_path: Path) -> No
     assert (work / "helper.py").read_text() == "VALUE = 41\n"
 
 
-def test_the_tutorial_agent_resumes_after_a_sigkill_and_emails_once(tmp_path: Path) -> None:
-    """Tutorial 1's agent.py, killed inside `reply` after sending: the rerun sends nothing new."""
-    page = ROOT / "docs" / "tutorial" / "first-agent.md"
-    (agent,) = [b for b in blocks(page) if b.title == "agent.py"]
-    (tmp_path / "agent.py").write_text(agent.code)
-    env = {k: v for k, v in os.environ.items() if k not in UNSET}
-    env["PYTHONPATH"] = str(ROOT)
+def tutorial_agent() -> str:
+    """Tutorial 1's agent.py."""
+    (agent,) = [b for b in blocks(ROOT / "docs" / "tutorial" / "first-agent.md") if b.title]
+    assert agent.title == "agent.py"
+    return agent.code
+
+
+def kill_and_resume(workdir: Path, env: dict[str, str]) -> None:
+    """Run agent.py killed inside `reply` (after sending), then again: one email in all."""
+    env = {**{k: v for k, v in env.items() if k not in UNSET}, "PYTHONPATH": str(ROOT)}
 
     def run(**extra: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
             [sys.executable, "agent.py"],
-            cwd=tmp_path,
+            cwd=workdir,
             env={**env, **extra},
             capture_output=True,
             text=True,
@@ -150,6 +156,47 @@ def test_the_tutorial_agent_resumes_after_a_sigkill_and_emails_once(tmp_path: Pa
     assert "draft: written" not in resumed.stdout  # committed: skipped
     assert "reply: sent (the outbox holds 1 email(s))" in resumed.stdout  # same key, deduped
     assert "same idempotency key" in resumed.stderr
+
+
+@pytest.mark.slow
+def test_the_tutorial_agent_resumes_after_a_sigkill_and_emails_once(tmp_path: Path) -> None:
+    """Tutorial 1's agent.py, killed inside `reply` after sending: the rerun sends nothing new."""
+    (tmp_path / "agent.py").write_text(tutorial_agent())
+    kill_and_resume(tmp_path, dict(os.environ))
+    assert (tmp_path / "runs" / "support-agent" / "ticket-4411").is_dir()
+
+
+@pytest.mark.s3
+@pytest.mark.slow
+def test_the_s3_tutorial_runs_against_a_local_s3_server(tmp_path: Path, moto: S3Server) -> None:
+    """Tutorial 2 as written: create the bucket, change agent.py's one line, kill and resume."""
+    page = ROOT / "docs" / "tutorial" / "s3.md"
+    (create,) = [b.code for b in blocks(page) if "create_bucket" in b.code]
+    (line,) = [b.code.strip() for b in blocks(page) if b.code.startswith("wf = ")]
+    env = moto.child_env()
+    bucket = subprocess.run(
+        [sys.executable, "-c", create],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert bucket.returncode == 0, bucket.stderr
+    agent = tutorial_agent()
+    (original,) = [x for x in agent.splitlines() if x.startswith("wf = ")]
+    (tmp_path / "agent.py").write_text(agent.replace(original, line))
+    kill_and_resume(tmp_path, env)
+    assert not (tmp_path / "runs").exists()  # the checkpoints went to the bucket
+    listed = subprocess.run(
+        [sys.executable, "-m", "durable_steps", "--store", "s3://agent-checkpoints/tutorial", "ls"],
+        env={**env, "PYTHONPATH": str(ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert "support-agent  ticket-4411  completed" in listed.stdout, listed.stderr
 
 
 def test_the_readme_is_a_front_door() -> None:
@@ -171,7 +218,7 @@ def test_the_cli_reference_is_generated_from_the_parser() -> None:
     rendered = mkdocs_cli.on_page_markdown("# CLI\n\n" + mkdocs_cli.MARKER + "\n")
     assert mkdocs_cli.MARKER not in rendered
     names = re.findall(r"^## (\S+)$", rendered, re.MULTILINE)
-    commands = [a for a in build_parser()._actions if a.dest == "command"][0]
+    commands = next(a for a in build_parser()._actions if a.dest == "command")
     assert names == ["durable-steps", *commands.choices]  # type: ignore[attr-defined]
     assert "--older-than" in rendered  # a subcommand's own options, not just its name
     assert (ROOT / "docs" / "reference" / "cli.md").read_text().count(mkdocs_cli.MARKER) == 1
