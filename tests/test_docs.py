@@ -26,6 +26,7 @@ import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -206,13 +207,31 @@ def test_the_readme_is_a_front_door() -> None:
     assert "docs/" in text
 
 
-def test_the_cli_reference_is_generated_from_the_parser() -> None:
-    """The MkDocs hook renders every command of build_parser() into the reference page."""
+def hooks() -> Any:
+    """tools/mkdocs_cli.py, the site's MkDocs hooks."""
     sys.path.insert(0, str(ROOT / "tools"))
     try:
         import mkdocs_cli  # type: ignore[import-not-found]
     finally:
         sys.path.remove(str(ROOT / "tools"))
+    return mkdocs_cli
+
+
+def test_the_api_reference_drops_sphinx_roles() -> None:
+    """`:class:`~durable_steps.errors.StepInDoubt`` renders as the code StepInDoubt alone."""
+    page = hooks().on_page_content(
+        "stops with :class:<code>~durable_steps.errors.StepInDoubt</code>, "
+        ":meth:<code>Workflow.step</code> and :<code>x</code>"
+    )
+    assert (
+        page
+        == "stops with <code>StepInDoubt</code>, <code>Workflow.step</code> and :<code>x</code>"
+    )
+
+
+def test_the_cli_reference_is_generated_from_the_parser() -> None:
+    """The MkDocs hook renders every command of build_parser() into the reference page."""
+    mkdocs_cli = hooks()
     from durable_steps.cli._main import build_parser
 
     rendered = mkdocs_cli.on_page_markdown("# CLI\n\n" + mkdocs_cli.MARKER + "\n")

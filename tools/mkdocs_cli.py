@@ -18,8 +18,11 @@ import re
 from typing import Any
 
 MARKER = "<!-- cli-reference -->"
-WIDTH = "96"
-SPHINX_ROLE = re.compile(r":(?:py:)?(?:class|func|meth|attr|exc|data|mod|obj|const):(?=<code>)")  # argparse wraps to $COLUMNS: a fixed width gives the same page everywhere
+WIDTH = "96"  # argparse wraps to $COLUMNS: a fixed width gives the same page everywhere
+# A role, and the "~" that tells Sphinx to show only the last dotted part.
+SPHINX_ROLE = re.compile(
+    r":(?:py:)?(?:class|func|meth|attr|exc|data|mod|obj|const):<code>(?:~(?:[\w.]*\.)?)?"
+)
 
 
 def render() -> str:
@@ -45,4 +48,4 @@ def on_page_markdown(markdown: str, **kwargs: Any) -> str:
 
 def on_page_content(html: str, **kwargs: Any) -> str:
     """Drop the names of Sphinx roles left in front of code by the docstrings."""
-    return SPHINX_ROLE.sub("", html)
+    return SPHINX_ROLE.sub("<code>", html)
