@@ -40,6 +40,9 @@ SEARCH_INDEX = {  # the fake search tool's canned results
     QUESTIONS[2]: ["Emails and charges: anything the outside world keeps."],
 }
 STEP_NAMES = ["plan", "call_tools", "draft", "send"]
+# The demo's runs stay in the directory it is run from, named explicitly: a
+# workflow with a non-idempotent step should always say where it resumes from.
+DEMO_STORE = "./.durable_steps"
 
 
 def say(text: str) -> None:
@@ -197,7 +200,7 @@ def crash_point(text: str) -> tuple[str, int | None]:
 def parse_args(argv: list[str] | None = None, *, store_option: bool = True) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description="A crash-resumable research agent demo.")
     if store_option:
-        parser.add_argument("--store", help="default: $DURABLE_STEPS_STORE or ./.durable_steps")
+        parser.add_argument("--store", help=f"default: $DURABLE_STEPS_STORE or {DEMO_STORE}")
     parser.add_argument("--run-id", default="topic-1")
     parser.add_argument("--crash-at", type=crash_point, help="STEP[:PASS]: SIGKILL inside STEP")
     parser.add_argument("--outbox", help="the fake email API's records (a JSON file)")
@@ -207,7 +210,8 @@ def parse_args(argv: list[str] | None = None, *, store_option: bool = True) -> a
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
-    agent = build_agent(args.store, outbox=args.outbox, crash_at=args.crash_at, fast=args.fast)
+    store = args.store or os.environ.get("DURABLE_STEPS_STORE") or DEMO_STORE
+    agent = build_agent(store, outbox=args.outbox, crash_at=args.crash_at, fast=args.fast)
     agent.run(args.run_id)
 
 

@@ -42,6 +42,11 @@ def run(
     )
 
 
+def without_store_env() -> dict[str, str]:
+    """The environment of a newcomer who has set nothing."""
+    return {k: v for k, v in os.environ.items() if k != "DURABLE_STEPS_STORE"}
+
+
 def report(stdout: str) -> str:
     """The final report and summary: what must not depend on crashes."""
     assert "=== report:" in stdout, stdout
@@ -62,9 +67,10 @@ def clean_report(tmp_path_factory: pytest.TempPathFactory) -> str:
 
 def test_clean_run_sends_one_email_and_rerun_does_nothing(tmp_path: Path) -> None:
     """A clean run finishes with one email; rerunning the finished run redoes nothing."""
-    first = run(RESEARCH, tmp_path)
+    first = run(RESEARCH, tmp_path, env=without_store_env())
     assert first.returncode == 0, first.stderr
-    assert "new run research-agent/topic-1" in first.stdout
+    assert first.stdout.startswith("new run research-agent/topic-1"), first.stdout
+    assert "default local store" not in first.stderr  # the implicit-store warning
     assert first.stdout.count("accepted (key ds-") == 1
     assert "passes: 3\nemails delivered: 1\n" in first.stdout
     assert len(emails(tmp_path / OUTBOX)) == 1
