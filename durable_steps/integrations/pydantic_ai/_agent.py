@@ -19,6 +19,7 @@ from ._tools import Binding, JournaledToolset, binding
 
 if TYPE_CHECKING:
     from pydantic_ai.agent import AgentRun, AgentRunResult
+    from pydantic_ai.agent.abstract import AgentRunEvents
     from pydantic_ai.result import StreamedRunResult
 
     from ..._context import Context
@@ -163,6 +164,7 @@ class DurableAgent:
         if result.is_complete:
             _keep(turn, result.all_messages())
 
+    @asynccontextmanager
     async def run_stream_events(
         self,
         user_prompt: Any = None,
@@ -170,18 +172,16 @@ class DurableAgent:
         ctx: Context,
         state: MutableMapping[str, Any] | None = None,
         **kwargs: Any,
-    ) -> AsyncIterator[Any]:
-        """The agent's ``run_stream_events`` inside a step: every event of the
-        run, then an ``AgentRunResultEvent``; the history kept at its end.
+    ) -> AsyncIterator[AgentRunEvents[Any]]:
+        """The agent's ``run_stream_events`` inside a step (an async context
+        manager, as the agent's): every event of the run, then an
+        ``AgentRunResultEvent``. The history is kept once the run finished.
         """
-        final: Any = None
         with self._bound(ctx, state, kwargs) as (run_kwargs, turn):
-            async for event in self.wrapped.run_stream_events(user_prompt, **run_kwargs):
-                if getattr(event, "event_kind", None) == "agent_run_result":
-                    final = event.result
-                yield event
-        if final is not None:
-            _keep(turn, final.all_messages())
+            async with self.wrapped.run_stream_events(user_prompt, **run_kwargs) as events:
+                yield events
+        if events.result is not None:
+            _keep(turn, events.result.all_messages())
 
     # --- one run ---------------------------------------------------------------
 
