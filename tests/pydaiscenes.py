@@ -98,7 +98,7 @@ def build(scene: str) -> tuple[Agent[Any, Any], DurableAgent, dict[str, int]]:
             return ModelResponse(parts=list(responses[scene]))
         if scene == "live" and asked == 1:
             return ModelResponse(parts=[ToolCallPart("admin_action", {}, tool_call_id="c2")])
-        shown = [type(r).__name__ if not isinstance(r, (str, dict)) else r for r in _returns(messages)]
+        shown = [r if isinstance(r, (str, dict)) else type(r).__name__ for r in _returns(messages)]
         return ModelResponse(parts=[TextPart(f"done: {shown}")])
 
     async def stream(messages: list[ModelMessage], info: AgentInfo) -> AsyncIterator[Any]:
@@ -111,9 +111,7 @@ def build(scene: str) -> tuple[Agent[Any, Any], DurableAgent, dict[str, int]]:
         for piece in ("the total ", "is ", "20"):
             yield piece
 
-    agent: Agent[Any, Any] = Agent(
-        FunctionModel(model, stream_function=stream), deps_type=dict
-    )
+    agent: Agent[Any, Any] = Agent(FunctionModel(model, stream_function=stream), deps_type=dict)
     live: set[str] = set()
 
     @agent.tool_plain
@@ -123,7 +121,7 @@ def build(scene: str) -> tuple[Agent[Any, Any], DurableAgent, dict[str, int]]:
     if scene == "multimodal":
 
         @agent.tool_plain
-        def order(id: int) -> Order:  # noqa: A002 - the model's argument name
+        def order(id: int) -> Order:
             return Order(id=id, total=20)
 
         @agent.tool_plain

@@ -1,7 +1,8 @@
-"""The scenes of ``tests/pydaiscenes.py`` killed with SIGKILL, then resumed: as plainly.
+"""The scenes of ``tests/pydaiscenes.py`` killed with SIGKILL and resumed: as plainly.
 
-A child process (a fork of ``tests/forkserver.py``) runs one scene through ``DurableAgent`` and SIGKILLs itself
-right after the first tool call was recorded; a second child resumes the run.
+A child process (a fork of ``tests/forkserver.py``) runs one scene through
+``DurableAgent`` and SIGKILLs itself right after the first tool call was
+recorded; a second child resumes the run.
 Its outcome (output, messages, usage, streamed events) must equal the plain
 agent's in this process: the recorded tool results replay as their types,
 the usage of a sub-agent run inside a tool is counted though it did not run

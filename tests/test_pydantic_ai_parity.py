@@ -52,14 +52,12 @@ def retried(tmp_path: Path, body: Callable[[ds.Context], Awaitable[Any]]) -> lis
 
 
 @pytest.mark.parametrize("scene", ["tools", "multimodal", "subagent", "live"])
-def test_run_replayed_gives_the_plain_output_messages_and_usage(
-    tmp_path: Path, scene: str
-) -> None:
+def test_run_replayed_gives_the_plain_output_messages_and_usage(tmp_path: Path, scene: str) -> None:
     """run(): output, messages (tool results as their own types) and usage equal the
     plain agent's, live and replayed; the model and the recorded tools run once."""
     plain_agent, _, _ = build(scene)
     plain = asyncio.run(plain_agent.run("go", deps={"mode": "basic"}))
-    agent, durable, calls = build(scene)
+    _, durable, calls = build(scene)
 
     async def body(ctx: ds.Context) -> Any:
         return await durable.run("go", ctx=ctx, deps={"mode": "basic"})
@@ -84,7 +82,7 @@ def plain_calls(scene: str) -> int:
 
 def test_tool_results_come_back_as_the_types_the_tools_returned(tmp_path: Path) -> None:
     """A pydantic model, a BinaryImage and a DocumentUrl replay as themselves, not dicts."""
-    agent, durable, _ = build("multimodal")
+    _, durable, _ = build("multimodal")
 
     async def body(ctx: ds.Context) -> Any:
         return await durable.run("go", ctx=ctx, deps={"mode": "basic"})

@@ -59,7 +59,7 @@ class _Kept:
 def _same_prefix(a: Sequence[Any], b: Sequence[Any]) -> int:
     """How many leading items of ``a`` and ``b`` are the very same objects."""
     n = 0
-    for x, y in zip(a, b):
+    for x, y in zip(a, b):  # noqa: B905 - the shorter one ends the prefix
         if x is not y:
             break
         n += 1
@@ -128,17 +128,19 @@ class Turn:
         if same == len(given) and same and _dump([all_messages[same - 1]]) != [self.items[-1]]:
             same -= 1  # completed in place by the run
         new = _dump(all_messages[same:])
-        stored = self.state.get(self.history_key)
+        found = self.state.get(self.history_key)
+        stored: list[Any]
         if (
-            stored is not None
-            and stored is self.stored
-            and len(stored) == len(self.items)
-            and _same_prefix(stored, self.items) == len(stored)
+            isinstance(found, list)
+            and found is self.stored
+            and len(found) == len(self.items)
+            and _same_prefix(found, self.items) == len(found)
         ):
+            stored = found
             del stored[same:]
             stored.extend(new)
         else:  # no history yet, or the step replaced it during the run
-            stored = self.items[:same] + new if stored is self.stored else _dump(all_messages)
+            stored = self.items[:same] + new if found is self.stored else _dump(all_messages)
             self.state[self.history_key] = stored
         self.histories.put(self.key, _Kept(stored, list(stored), list(all_messages)))
 
@@ -154,4 +156,5 @@ class Turn:
 
 
 def _dump(messages: Sequence[ModelMessage]) -> list[Any]:
-    return ModelMessagesTypeAdapter.dump_python(list(messages), mode="json")
+    dumped: list[Any] = ModelMessagesTypeAdapter.dump_python(list(messages), mode="json")
+    return dumped

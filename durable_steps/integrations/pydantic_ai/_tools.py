@@ -265,8 +265,11 @@ def _declared(tool: ToolsetTool[Any], name: str) -> Any:
         return None
     found = toolset.tools.get(getattr(tool, "original_name", None) or name)
     function = getattr(found, "function", None)
-    if function is None:
-        return None
+    return None if function is None else _return_type(function)
+
+
+@lru_cache(maxsize=256)
+def _return_type(function: Any) -> Any:
     try:
         declared = typing.get_type_hints(function).get("return")
     except Exception:  # an annotation that does not resolve (a name local to a function)
