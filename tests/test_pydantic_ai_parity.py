@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator, Awaitable, Callable
+import warnings
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +34,22 @@ from durable_steps.integrations.pydantic_ai import DurableAgent, idempotency_key
 from tests.pydaiscenes import Order, build, norm_events, norm_messages, usage_of
 
 pytestmark = pytest.mark.pydantic_ai
+
+
+@pytest.fixture(autouse=True)
+def close_the_loop_run_sync_keeps() -> Iterator[None]:
+    """pydantic-ai's run_sync keeps one event loop per thread for later calls; close it
+    after each test, as an exit would (as in test_pydantic_ai.py)."""
+    yield
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        try:
+            loop = asyncio.get_event_loop()
+        except RuntimeError:  # none left (an earlier test closed it)
+            return
+    if not loop.is_running():
+        loop.close()
+    asyncio.set_event_loop(None)
 
 
 def retried(tmp_path: Path, body: Callable[[ds.Context], Awaitable[Any]]) -> list[Any]:
