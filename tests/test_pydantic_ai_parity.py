@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import subprocess
+import sys
 import warnings
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
@@ -252,8 +254,8 @@ def test_override_model_around_a_run_is_honoured_and_recorded(tmp_path: Path) ->
 
 
 def test_an_effect_is_titled_by_its_tool_and_arguments(tmp_path: Path) -> None:
-    """An effect in doubt is named by its tool and arguments (StepInDoubt, events),
-    and its journal name stays the tool call id."""
+    """An effect in doubt is named by its tool and arguments (StepInDoubt, show,
+    events), and its journal name stays the tool call id."""
     events: list[ds.Event] = []
 
     def model(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
@@ -284,6 +286,13 @@ def test_an_effect_is_titled_by_its_tool_and_arguments(tmp_path: Path) -> None:
     with pytest.raises(ds.StepInDoubt, match=r"refund\(order='4411', cents=500\)") as info:
         wf.run("r", {})
     assert info.value.effect == "tool:e124"
+    shown = subprocess.run(
+        [sys.executable, "-m", "durable_steps", "--store", str(tmp_path), "show", "titles/r"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    assert "effect refund(order='4411', cents=500)" in shown
     titles = {e.call: e.title for e in events if e.kind == "call_started"}
     assert titles["tool:e124"] == "refund(order='4411', cents=500)"
     assert titles["model:1"] == "model request 1 (function:model:)"
