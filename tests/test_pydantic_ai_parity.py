@@ -92,6 +92,39 @@ def test_run_replayed_gives_the_plain_output_messages_and_usage(tmp_path: Path, 
         assert usage_of(plain)["requests"] == 4
 
 
+def test_test_model_runs_durably_as_plainly(tmp_path: Path) -> None:
+    """pydantic-ai's TestModel (every tool called, then their results as JSON): the
+    same output and usage plainly, live and replayed; each tool runs once."""
+    ran: list[str] = []
+
+    def agent_with_tools() -> Agent[None, str]:
+        agent: Agent[None, str] = Agent(TestModel())
+
+        @agent.tool_plain
+        def weather(city: str) -> str:
+            ran.append(city)
+            return f"sunny in {city}"
+
+        @agent.tool_plain
+        def order(id: int) -> Order:
+            return Order(id=id, total=20)
+
+        return agent
+
+    plain = asyncio.run(agent_with_tools().run("go"))
+    durable = DurableAgent(agent_with_tools())
+    ran.clear()
+
+    async def body(ctx: ds.Context) -> Any:
+        return await durable.run("go", ctx=ctx)
+
+    for result in retried(tmp_path, body):
+        assert result.output == plain.output
+        assert usage_of(result) == usage_of(plain)
+        assert norm_messages(result.all_messages()) == norm_messages(plain.all_messages())
+    assert len(ran) == 1
+
+
 def plain_calls(scene: str) -> int:
     """Model requests the plain run of ``scene`` makes (the durable one makes no more)."""
     agent, _, calls = build(scene)
@@ -217,8 +250,10 @@ def test_run_stream_events_and_iter_work_inside_a_step(tmp_path: Path) -> None:
     async def body(ctx: ds.Context) -> Any:
         async with durable.run_stream_events("go", ctx=ctx) as stream_events:
             events = [e async for e in stream_events]
-        async with durable.iter("go", ctx=ctx) as run:
+        state: dict[str, Any] = {}
+        async with durable.iter("go", ctx=ctx, state=state) as run:
             walked = await walk(run)
+        assert len(state["messages"]) == 4  # kept once the run reached its end
         assert run.result is not None
         assert run.result.output == "the total is 20"
         return norm_events(events), walked
