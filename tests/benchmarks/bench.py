@@ -6,7 +6,7 @@ Run it as a script (it is not a test; ``conftest.py`` here keeps pytest out)::
         [--only overhead,budget,growth,recovery,heartbeat,resume,memory,breakdown,calls,scale,pydai]
         [--dir DIR] [--no-s3] [--strict] [--huge]
 
-About 5 minutes on 2 cores (``--quick``: about a minute).
+About 12 minutes on 2 cores, of which 7 for ``pydai`` (``--quick``: about two).
 SeaweedFS and moto are started on loopback by ``tests/s3servers.py`` and stopped at the end. Without
 ``--json`` the results go to a file in the temp directory (the path is printed).
 The process exits 1 when a 2 KB overhead target is missed (``--strict``: when
