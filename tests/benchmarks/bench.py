@@ -3,10 +3,10 @@
 Run it as a script (it is not a test; ``conftest.py`` here keeps pytest out)::
 
     .venv/bin/python tests/benchmarks/bench.py [--quick] [--json PATH] [--profile]
-        [--only overhead,budget,growth,recovery,heartbeat,resume,memory,breakdown,calls,scale]
+        [--only overhead,budget,growth,recovery,heartbeat,resume,memory,breakdown,calls,scale,pydai]
         [--dir DIR] [--no-s3] [--strict] [--huge]
 
-About 5 minutes on 2 cores (``--quick``: about a minute).
+About 12 minutes on 2 cores, of which 7 for ``pydai`` (``--quick``: about two).
 SeaweedFS and moto are started on loopback by ``tests/s3servers.py`` and stopped at the end. Without
 ``--json`` the results go to a file in the temp directory (the path is printed).
 The process exits 1 when a 2 KB overhead target is missed (``--strict``: when
@@ -71,6 +71,11 @@ breakdown
 calls
     Requests, bytes and time per ``ctx.call`` and per ``ctx.effect``, locally
     and on SeaweedFS, next to the cost per step (see ``bench_calls.py``).
+pydai
+    A 200-turn pydantic-ai conversation through ``DurableAgent`` (2 model
+    requests and 1 tool call a turn), locally and on SeaweedFS: per-turn time
+    beside plain pydantic-ai plus a bare step, its growth, bytes per turn
+    (see ``bench_pydai.py``).
 """
 
 from __future__ import annotations
@@ -102,6 +107,7 @@ sys.path[:0] = [str(ROOT), str(HERE)]
 
 import bench_calls  # noqa: E402
 import bench_child as child  # noqa: E402
+import bench_pydai  # noqa: E402
 import bench_scale  # noqa: E402
 
 import durable_steps as ds  # noqa: E402
@@ -127,6 +133,7 @@ SECTIONS = (
     "breakdown",
     "calls",
     "scale",
+    "pydai",
 )
 
 # (rounds, steps per round) for each state size
@@ -1724,6 +1731,11 @@ def main(argv: list[str] | None = None) -> int:
                 [local, *seaweed], mode, counting=CountingStore, table=table, huge=args.huge
             )
             done("scale", t)
+        if "pydai" in sections:
+            report["pydai"], t = bench_pydai.bench_pydai(
+                [local, *seaweed], mode, counting=CountingStore, table=table, human=human
+            )
+            done("pydai", t)
         if args.profile:
             texts.append(profile_stores(backends))
     report["summary"], t = summary(report)

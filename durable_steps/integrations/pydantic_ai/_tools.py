@@ -1,0 +1,277 @@
+"""Tool calls as journaled calls and effects: their names, titles, keys and records.
+
+A tool's result is recorded as JSON and rebuilt from that JSON on both paths
+(live and replayed), so the model sees the same thing either way. Three
+things make "the same" hold beyond plain JSON values:
+
+- **Types.** A result that is an instance of a class (a pydantic model, a
+  dataclass) is recorded with its class's import path (``"type"``) and
+  rebuilt as that class; if the class cannot be imported (defined inside a
+  function), the tool function's return annotation is used instead, and
+  failing both the JSON form is returned.
+- **Multimodal content.** Results are encoded as pydantic-ai encodes a
+  ``ToolReturnPart``'s content (``ModelMessagesTypeAdapter``: bytes as
+  base64, each ``BinaryImage``, ``DocumentUrl``... tagged by its ``kind``),
+  so they come back as those classes, inside lists and dicts too.
+- **Usage.** A tool may run a sub-agent with ``usage=run_ctx.usage``; what
+  that adds to the run's usage is recorded with the result (``"usage"``)
+  and added again when the call replays. To tell one tool's usage from its
+  neighbours' when tools run concurrently (pydantic-ai runs a response's
+  tool calls together), each live call gets its own copy of the usage, and
+  the difference is added to the run's own when the call ends.
+
+A record is ``{"return": json, ["type": "module:Class"], ["usage": RunUsage]}``,
+``{"retry": message}`` (a ``ModelRetry``: the model is told again, the tool
+not asked again) or ``{"tool_return": ToolReturn as JSON}``. Anything else is
+what ``wf.resolve(fired=True, result=...)`` recorded for an effect in doubt,
+given to the model as the tool's return value.
+"""
+
+from __future__ import annotations
+
+import importlib
+import typing
+from collections.abc import Mapping
+from contextvars import ContextVar
+from copy import copy
+from dataclasses import dataclass, field, replace
+from functools import lru_cache
+from typing import TYPE_CHECKING, Any
+
+from pydantic import TypeAdapter, ValidationError
+from pydantic_ai.exceptions import ModelRetry
+from pydantic_ai.messages import ModelMessagesTypeAdapter, ModelRequest, ToolReturn, ToolReturnPart
+from pydantic_ai.toolsets import FunctionToolset, WrapperToolset
+from pydantic_ai.usage import RunUsage
+from pydantic_core import PydanticSerializationError
+
+from ...errors import DefinitionError, SerializationError
+
+if TYPE_CHECKING:
+    from pydantic_ai.tools import RunContext
+    from pydantic_ai.toolsets import ToolsetTool
+
+    from ..._context import Context
+
+_TOOL_RETURN: TypeAdapter[ToolReturn[Any]] = TypeAdapter(ToolReturn)
+_USAGE: TypeAdapter[RunUsage] = TypeAdapter(RunUsage)
+_OUTCOMES = frozenset({"return", "retry", "tool_return"})
+_EXTRAS = frozenset({"type", "usage"})
+_JSON_LEAVES = (str, int, float, bool, type(None), list, dict, tuple)
+_MAX_ARGS = 160  # characters of a tool's arguments in its title
+
+
+@dataclass
+class Binding:
+    """One agent run inside a step: where its calls are recorded, and their names."""
+
+    ctx: Context
+    prefix: str
+    effects: frozenset[str]
+    live: frozenset[str]
+    requests: int = 0
+    tools: set[str] = field(default_factory=set)
+
+    def tool_name(self, run_ctx: RunContext[Any]) -> str:
+        call_id = run_ctx.tool_call_id or run_ctx.tool_name or "?"
+        name = f"{self.prefix}tool:{call_id}"
+        if name in self.tools:  # a model that reuses ids across responses (TestModel does)
+            name = f"{name}@{run_ctx.run_step}"
+        self.tools.add(name)
+        return name
+
+    def where(self) -> str:
+        return f"run {self.ctx.workflow}/{self.ctx.run_id}: step {self.ctx.step!r}"
+
+
+binding: ContextVar[Binding | None] = ContextVar("durable_steps_pydantic_ai", default=None)
+_key: ContextVar[tuple[str | None, str] | None] = ContextVar(
+    "durable_steps_pydantic_ai_key", default=None
+)
+"""The (tool call id, idempotency key) of the effect tool running in this context."""
+
+
+def idempotency_key(run_ctx: RunContext[Any]) -> str:
+    """The idempotency key of the effect tool call ``run_ctx`` belongs to.
+
+    The same on every re-fire of this tool call (a retry of the step, a
+    resume after a crash), different for every other tool call, step, pass
+    and run; at most 64 printable ASCII characters. Pass it to the API the
+    tool calls, so that a re-fire is deduplicated there. Only a tool named
+    in ``DurableAgent(effects=...)``, run by that agent inside a step, has one.
+    """
+    found = _key.get()
+    if found is None or found[0] != run_ctx.tool_call_id:
+        raise DefinitionError(
+            f"idempotency_key() was called in tool {run_ctx.tool_name!r}, which is not running "
+            "as an effect: name it in DurableAgent(agent, effects={...}) and run the agent with "
+            "durable.run_sync(..., ctx=ctx) (or await durable.run(...)) inside a step."
+        )
+    return found[1]
+
+
+def title(name: str, args: Mapping[str, Any]) -> str:
+    """What a person sees for a tool call: ``refund(order='4411', cents=500)``."""
+    shown = ", ".join(f"{k}={v!r}" for k, v in args.items())
+    if len(shown) > _MAX_ARGS:
+        shown = shown[: _MAX_ARGS - 1] + "\u2026"
+    return f"{name}({shown})"
+
+
+@dataclass
+class JournaledToolset(WrapperToolset[Any]):
+    """A toolset whose calls are journaled calls (effects: ``ctx._aeffect``)."""
+
+    async def call_tool(
+        self, name: str, tool_args: dict[str, Any], ctx: RunContext[Any], tool: ToolsetTool[Any]
+    ) -> Any:
+        """A recorded tool call (replayed if the step recorded it before)."""
+        bound = binding.get()
+        if bound is None or name in bound.live:
+            return await super().call_tool(name, tool_args, ctx, tool)
+        journal_name = bound.tool_name(ctx)
+
+        async def call() -> Any:
+            usage = ctx.usage
+            before = _copy_usage(usage)
+            own = replace(ctx, usage=_copy_usage(usage))
+            try:
+                result = await self.wrapped.call_tool(name, tool_args, own, tool)
+            except ModelRetry as exc:
+                record: dict[str, Any] = {"retry": exc.message}
+            except BaseException:
+                usage.incr(own.usage - before)  # not recorded: it runs again, as it would plainly
+                raise
+            else:
+                record = dump_result(result, name, bound)
+            spent = own.usage - before
+            if spent != RunUsage():
+                record["usage"] = _USAGE.dump_python(spent, mode="json")
+            return record
+
+        async def fire(*, idempotency_key: str) -> Any:
+            token = _key.set((ctx.tool_call_id, idempotency_key))
+            try:
+                return await call()
+            finally:
+                _key.reset(token)
+
+        shown = title(name, tool_args)
+        if name in bound.effects:
+            recorded = await bound.ctx._aeffect(journal_name, fire, (), {}, title=shown)
+        else:
+            recorded = await bound.ctx._acall(journal_name, call, (), {}, title=shown)
+        return load_result(recorded, ctx, tool, name)
+
+
+def _copy_usage(usage: RunUsage) -> RunUsage:
+    own = copy(usage)
+    own.details = dict(usage.details)  # incr() adds to the dict in place
+    return own
+
+
+def dump_result(result: Any, tool: str, bound: Binding) -> dict[str, Any]:
+    """The record of a tool's return value (see the module docstring)."""
+    try:
+        if isinstance(result, ToolReturn):
+            return {"tool_return": _TOOL_RETURN.dump_python(result, mode="json")}
+        record: dict[str, Any] = {"return": _dump_content(result)}
+    except (PydanticSerializationError, ValueError, TypeError) as exc:
+        ctx = bound.ctx
+        then = (
+            "It has fired: a retry of the step fires it again with the same idempotency key."
+            if tool in bound.effects
+            else "Nothing was recorded: the tool runs again when the step does."
+        )
+        raise SerializationError(
+            f"{bound.where()}: the result of tool {tool!r} cannot be recorded as JSON ({exc}). "
+            f"{then} Return a JSON-able value (a str, dict, list, a pydantic model or "
+            "dataclass, pydantic-ai's multimodal content).",
+            run=f"{ctx.workflow}/{ctx.run_id}",
+            step=ctx.step,
+        ) from exc
+    kind = type(result)
+    if not isinstance(result, _JSON_LEAVES) and not kind.__module__.startswith("pydantic_ai."):
+        record["type"] = f"{kind.__module__}:{kind.__qualname__}"
+    return record
+
+
+def load_result(recorded: Any, ctx: RunContext[Any], tool: ToolsetTool[Any], name: str) -> Any:
+    """The tool's return value from its record; its recorded usage added to the run's."""
+    if not (
+        isinstance(recorded, dict)
+        and len(recorded.keys() & _OUTCOMES) == 1
+        and recorded.keys() <= _OUTCOMES | _EXTRAS
+    ):
+        return recorded  # given by hand (resolve of an effect in doubt)
+    if "usage" in recorded:
+        ctx.usage.incr(_USAGE.validate_python(recorded["usage"]))
+    if "retry" in recorded:
+        raise ModelRetry(recorded["retry"])
+    if "tool_return" in recorded:
+        return _TOOL_RETURN.validate_python(recorded["tool_return"])
+    value = recorded["return"]
+    for kind in (_import(recorded.get("type")), _declared(tool, name)):
+        if kind is not None:
+            try:
+                return _adapter(kind).validate_python(value)
+            except (ValidationError, TypeError, ValueError):
+                continue  # recorded by another version of the tool: try the next
+    return _load_content(value)
+
+
+@lru_cache(maxsize=256)
+def _adapter(kind: Any) -> TypeAdapter[Any]:
+    return TypeAdapter(kind)
+
+
+def _dump_content(value: Any) -> Any:
+    """``value`` as pydantic-ai writes a tool return's content (bytes as base64)."""
+    request = ModelRequest(parts=[ToolReturnPart("t", value, tool_call_id="t")])
+    message = ModelMessagesTypeAdapter.dump_python([request], mode="json")[0]
+    return message["parts"][0]["content"]
+
+
+def _part(content: Any) -> dict[str, Any]:
+    return {"part_kind": "tool-return", "tool_name": "t", "tool_call_id": "t", "content": content}
+
+
+def _load_content(value: Any) -> Any:
+    """The content pydantic-ai reads back (multimodal parts as their classes)."""
+    if isinstance(value, (str, int, float, bool, type(None))):
+        return value
+    message = {"kind": "request", "parts": [_part(value)]}
+    return ModelMessagesTypeAdapter.validate_python([message])[0].parts[0].content  # type: ignore[union-attr]
+
+
+def _import(path: Any) -> Any:
+    """The class named ``module:qualname``, or None (gone, or local to a function)."""
+    if not isinstance(path, str) or ":" not in path or "<" in path:
+        return None
+    module, _, qualname = path.partition(":")
+    try:
+        found: Any = importlib.import_module(module)
+        for attr in qualname.split("."):
+            found = getattr(found, attr)
+    except (ImportError, AttributeError):
+        return None
+    return found if isinstance(found, type) else None
+
+
+def _declared(tool: ToolsetTool[Any], name: str) -> Any:
+    """The return annotation of a function tool, or None (not known, or ``Any``)."""
+    toolset = getattr(tool, "toolset", None)
+    if not isinstance(toolset, FunctionToolset):
+        return None
+    found = toolset.tools.get(getattr(tool, "original_name", None) or name)
+    function = getattr(found, "function", None)
+    return None if function is None else _return_type(function)
+
+
+@lru_cache(maxsize=256)
+def _return_type(function: Any) -> Any:
+    try:
+        declared = typing.get_type_hints(function).get("return")
+    except Exception:  # an annotation that does not resolve (a name local to a function)
+        return None
+    return None if declared in (None, Any, object) else declared

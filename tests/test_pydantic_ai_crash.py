@@ -1,0 +1,51 @@
+"""The scenes of ``tests/pydaiscenes.py`` killed with SIGKILL and resumed: as plainly.
+
+A child process (a fork of ``tests/forkserver.py``) runs one scene through
+``DurableAgent`` and SIGKILLs itself right after the first tool call was
+recorded; a second child resumes the run.
+Its outcome (output, messages, usage, streamed events) must equal the plain
+agent's in this process: the recorded tool results replay as their types,
+the usage of a sub-agent run inside a tool is counted though it did not run
+again, a live tool runs again so the toolset it picks is there, and a
+streamed response streams back with its deltas.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests.forkserver import ForkServer
+from tests.pydaiscenes import build, outcome
+
+pytestmark = pytest.mark.pydantic_ai
+
+_forks = ForkServer(Path(__file__).with_name("pydaiscenes.py"))
+
+
+def child(tmp: Path, scene: str, *, crash: bool) -> subprocess.CompletedProcess[str]:
+    """The scene's child on run r1 in ``tmp``, a fresh fork of a server that imported it."""
+    args = ["--store", str(tmp / "store"), "--run", "r1", "--scene", scene]
+    return _forks.run(args + (["--crash"] if crash else []), cwd=tmp, out=tmp / "child")
+
+
+@pytest.mark.parametrize("scene", ["subagent", "multimodal", "live", "stream"])
+def test_a_killed_scene_resumes_to_the_plain_outcome(tmp_path: Path, scene: str) -> None:
+    """SIGKILL after the first recorded tool call, resume: what the plain agent gives."""
+    agent, _, plain_calls = build(scene)
+    plain = asyncio.run(outcome(agent, scene))
+    killed = child(tmp_path, scene, crash=True)
+    assert killed.returncode == -signal.SIGKILL, killed.stderr
+    resumed = child(tmp_path, scene, crash=False)
+    assert resumed.returncode == 0, resumed.stderr
+    final = json.loads(resumed.stdout)
+    assert final["outcome"] == plain
+    # The resumed process asked the model only what the killed one had not recorded.
+    assert final["model_calls"] < plain_calls["model"]
+    if scene == "subagent":
+        assert plain["usage"]["requests"] == 4
