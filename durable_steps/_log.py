@@ -215,48 +215,59 @@ class Log:
         next write slot (deferred). ``None``: write what was deferred (the timer).
         """
         with self._cond:
-            if change is None:
-                if self.closed or not self.deferred:
-                    return
-            else:
-                self._queue.append(change)
-                if self._deferrable(change):
-                    assert change.result is not None
-                    self.deferred[change.name] = change.result
-                    if self._writing or not self.run.pace.due():
-                        self._schedule()
-                        return
+            if not self._enqueued(change):
+                return
             self._asked += 1
             ticket = self._asked
             while self._done < ticket:
                 if self._writing:
                     self._cond.wait()
-                    continue
-                batch, self._queue = self._queue, []
-                last, self._writing = self._asked, True
-                error: BaseException | None = None
-                self._cond.release()
-                try:
-                    if batch:  # (empty: a flush whose results a write carried already)
-                        self._write(batch)
-                except BaseException as exc:
-                    error = exc
-                finally:
-                    self._cond.acquire()
-                    self._writing = False
-                if error is not None:
-                    self._errors.update(dict.fromkeys(range(self._done + 1, last + 1), error))
-                    # Deferred results stay queued: the next write carries them.
-                    self._queue[:0] = [c for c in batch if self._is_deferred(c)]
                 else:
-                    for c in batch:
-                        if self._is_deferred(c):
-                            del self.deferred[c.name]
-                self._done = last
-                self._cond.notify_all()
+                    self._write_queue()
             failure = self._errors.pop(ticket, None)
         if failure is not None:
             raise failure
+
+    def _enqueued(self, change: Change | None) -> bool:
+        """Queue ``change`` (``_cond`` held); whether its caller waits for the write."""
+        if change is None:  # the timer: a write only if something is still deferred
+            return not self.closed and bool(self.deferred)
+        self._queue.append(change)
+        if not self._deferrable(change):
+            return True
+        assert change.result is not None
+        self.deferred[change.name] = change.result
+        if self._writing or not self.run.pace.due():
+            self._schedule()
+            return False
+        return True  # the slot is due: written before the call returns, as elsewhere
+
+    def _write_queue(self) -> None:
+        """Write everything queued, as the one writer (``_cond`` held, released
+        while the write is under way); settle the tickets it covers.
+        """
+        batch, self._queue = self._queue, []
+        last, self._writing = self._asked, True
+        error: BaseException | None = None
+        self._cond.release()
+        try:
+            if batch:  # (empty: a flush whose results a write carried already)
+                self._write(batch)
+        except BaseException as exc:
+            error = exc
+        finally:
+            self._cond.acquire()
+            self._writing = False
+        if error is not None:
+            self._errors.update(dict.fromkeys(range(self._done + 1, last + 1), error))
+            # Deferred results stay queued: the next write carries them.
+            self._queue[:0] = [c for c in batch if self._is_deferred(c)]
+        else:
+            for c in batch:
+                if self._is_deferred(c):
+                    del self.deferred[c.name]
+        self._done = last
+        self._cond.notify_all()
 
     def _deferrable(self, change: Change) -> bool:
         """A call's result, on a store that paces writes (see the module docstring)."""

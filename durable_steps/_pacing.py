@@ -74,11 +74,16 @@ import math
 import time
 from typing import Any
 
-__all__ = ["Pace", "write_interval"]
+__all__ = ["RECENT", "Pace", "write_interval"]
 
 MAX_INTERVAL = 60.0
 """A larger declared interval is taken for a mistake and capped (a step would
 wait this long between writes)."""
+
+
+RECENT = 10.0
+"""Seconds after its stamp within which a head read may have been written just
+now (its write waited for its slot, took its time, was retried)."""
 
 
 def write_interval(store: Any) -> float:
@@ -122,9 +127,12 @@ class Pace:
             self._last = time.monotonic()
 
     def seen(self, updated_at: float) -> None:
-        """The head read was last written at ``updated_at`` (epoch seconds, by
-        its writer's clock): the next write waits for the interval after it.
+        """The head just read was stamped at ``updated_at`` (epoch seconds, by its
+        writer's clock). The stamp is made before the write waits for its slot
+        and is sent, so it says only roughly when the write landed: a head
+        stamped less than :data:`RECENT` seconds ago may have landed just now,
+        and the next write waits a whole interval from this read. An older one
+        costs nothing.
         """
-        if self.interval and math.isfinite(updated_at):
-            age = max(0.0, time.time() - updated_at)
-            self._last = max(self._last, time.monotonic() - age)
+        if self.interval and time.time() - updated_at < self.interval + RECENT:
+            self._last = max(self._last, time.monotonic())

@@ -38,13 +38,14 @@ Modes (until changed, for every request):
 
 ``date_offset``   seconds added to the ``Date`` header of every forwarded response
                   (a service whose clock is that far ahead of ours);
-``rate_limit(seconds)`` answer 429 to a write of an object name (an upload, a PUT, a
-                  DELETE) that comes less than ``seconds`` after the last write of
-                  that name the proxy forwarded: GCS's limit of about one write per
-                  second per object. :attr:`FaultProxy.limited` counts the 429s, and
-                  :attr:`FaultProxy.writes` lists ``(monotonic, name)`` of the writes
-                  forwarded. The name of a GCS multipart upload is read from its
-                  metadata part (the JSON API puts it in the body, not the URL);
+``rate_limit(seconds)`` answer 429 to a write of an object name (an upload, a PUT,
+                  a DELETE) less than ``seconds`` after the last write of that name
+                  the proxy forwarded: GCS's limit of about one write per second
+                  per object. :attr:`FaultProxy.limited` counts the 429s,
+                  :attr:`FaultProxy.refused` lists their ``(monotonic, name)``
+                  and :attr:`FaultProxy.writes` those of the writes forwarded.
+                  A GCS multipart upload's name is read from its metadata part
+                  (the JSON API puts it in the body, not the URL);
 ``strip_conditions()`` remove ``If-None-Match`` / ``If-Match`` before forwarding
                   (a service that ignores conditional writes). SigV4 signs those
                   headers, so the request is re-signed with the credentials given
@@ -345,6 +346,7 @@ class FaultProxy:
         self.min_interval = 0.0
         self.limited = 0
         self.writes: list[tuple[float, str]] = []
+        self.refused: list[tuple[float, str]] = []
         self._last_write: dict[str, float] = {}
         self.counts: Counter[str] = Counter()
         self.seen: list[SeenRequest] = []
@@ -502,6 +504,7 @@ class FaultProxy:
             last = self._last_write.get(name)
             if last is not None and now - last < self.min_interval:
                 self.limited += 1
+                self.refused.append((now, name))
                 return True
             self._last_write[name] = now
             self.writes.append((now, name))

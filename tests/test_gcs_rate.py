@@ -13,6 +13,7 @@ lives.
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
 from collections.abc import Iterator
@@ -22,7 +23,7 @@ from typing import Any
 import pytest
 
 import durable_steps as ds
-from durable_steps._pacing import MAX_INTERVAL, write_interval
+from durable_steps._pacing import MAX_INTERVAL, Pace, write_interval
 from durable_steps._record import checkpoint as ckpt
 from tests.cloudservers import FakeGCSServer
 from tests.faultproxy import FaultProxy
@@ -91,6 +92,7 @@ def proxy(gcs: FakeGCSServer) -> Iterator[FaultProxy]:
 
 def gcs_store(gcs: FakeGCSServer, bucket: str, proxy: FaultProxy, **options: Any) -> Any:
     prefix = f"t-{time.monotonic_ns()}"
+    options.setdefault("min_write_interval", 1.0)  # GCSStore's own (the fixture turns it off)
     return gcs.open(bucket, prefix, endpoint_url=proxy.endpoint_url, **options)
 
 
@@ -124,11 +126,12 @@ def test_twenty_quick_calls_in_one_step_succeed_on_gcs(
         assert executed == [f"q:{i}" for i in range(QUICK)]
         assert proxy.limited == 0, "a head write came within a second of the last"
         head = read_head(store, "quick", "r1")
-        assert head.status == "completed" and head.journal is None
+        assert head.status == "completed"
+        assert head.journal is None
         heads = [t for t, name in proxy.writes if name.endswith(ckpt.checkpoint_key("quick", "r1"))]
         # Created, the quick calls coalesced into at most a write or two, committed.
         assert 2 <= len(heads) <= 4, heads
-        assert all(b - a >= 1.0 for a, b in zip(heads, heads[1:]))
+        assert all(b - a >= 1.0 for a, b in itertools.pairwise(heads))
     finally:
         store.close()
 
@@ -173,7 +176,7 @@ def test_an_effect_waits_for_its_slot_and_its_intent_carries_the_calls_before_it
     assert [e["name"] for e in head.journal["open"]] == ["pay"]
     assert final["paid"] == head.journal["open"][0]["key"]
     times = [t for t, _ in store.heads]
-    assert all(b - a >= 0.2 for a, b in zip(times, times[1:])), times
+    assert all(b - a >= 0.2 for a, b in itertools.pairwise(times)), times
 
 
 def test_deferred_results_replay_in_a_retry_in_this_process(tmp_path: Path) -> None:
@@ -250,3 +253,32 @@ def test_an_odd_declared_interval_means_none(value: Any, tmp_path: Path) -> None
 
 def test_a_huge_declared_interval_is_capped(tmp_path: Path) -> None:
     assert write_interval(Paced(ds.LocalStore(tmp_path / "s"), 1e9)) == MAX_INTERVAL
+
+
+def test_a_head_read_moments_after_its_stamp_waits_a_whole_interval() -> None:
+    """A resume right after a crash: the killed writer's last write may have
+    landed just now (its stamp predates its paced send), so the first write waits."""
+    pace = Pace(1.0)
+    assert pace.due()
+    pace.seen(time.time() - 1.5)  # stamped 1.5 s ago, perhaps sent a moment ago
+    assert not pace.due()
+    assert pace.slot() - time.monotonic() > 0.9
+    old = Pace(1.0)
+    old.seen(time.time() - 3600)
+    assert old.due()
+    none = Pace(0.0)
+    none.seen(time.time())
+    none.wrote()
+    assert none.due()
+    assert none.slot() == 0.0
+
+
+def test_a_lease_too_short_for_the_write_interval_is_refused(tmp_path: Path) -> None:
+    wf = ds.Workflow("short", store=Paced(ds.LocalStore(tmp_path / "s"), 1.0), lease=2.0)
+
+    @wf.step
+    def work(state: dict[str, Any]) -> None:
+        pass
+
+    with pytest.raises(ds.DefinitionError, match=r"lease=2 s is too short.*lease=3 or more"):
+        wf.run("r1", {})
