@@ -43,7 +43,8 @@ Modes (until changed, for every request):
                   the proxy forwarded: GCS's limit of about one write per second
                   per object. :attr:`FaultProxy.limited` counts the 429s,
                   :attr:`FaultProxy.refused` lists their ``(monotonic, name)``
-                  and :attr:`FaultProxy.writes` those of the writes forwarded.
+                  and :attr:`FaultProxy.writes` those of the writes forwarded
+                  (kept with or without a limit).
                   A GCS multipart upload's name is read from its metadata part
                   (the JSON API puts it in the body, not the URL);
 ``strip_conditions()`` remove ``If-None-Match`` / ``If-Match`` before forwarding
@@ -494,15 +495,13 @@ class FaultProxy:
     def _too_soon(self, method: str, target: str, body: bytes) -> bool:
         """Whether this write of an object comes too soon after the last (and if
         not, remember it as the last)."""
-        if not self.min_interval:
-            return False
         name = _written_object(method, target, body)
         if name is None:
             return False
         now = time.monotonic()
         with self._lock:
             last = self._last_write.get(name)
-            if last is not None and now - last < self.min_interval:
+            if self.min_interval and last is not None and now - last < self.min_interval:
                 self.limited += 1
                 self.refused.append((now, name))
                 return True
