@@ -233,14 +233,12 @@ class Log:
         if change is None:  # the timer: a write only if something is still deferred
             return not self.closed and bool(self.deferred)
         self._queue.append(change)
-        if not self._deferrable(change):
-            return True
+        if not self._deferrable(change) or (not self._writing and self.run.pace.due()):
+            return True  # (a call when the slot is due: written before it returns, as elsewhere)
         assert change.result is not None
         self.deferred[change.name] = change.result
-        if self._writing or not self.run.pace.due():
-            self._schedule()
-            return False
-        return True  # the slot is due: written before the call returns, as elsewhere
+        self._schedule()
+        return False
 
     def _write_queue(self) -> None:
         """Write everything queued, as the one writer (``_cond`` held, released

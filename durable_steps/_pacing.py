@@ -52,7 +52,10 @@ What may wait for the next slot, and what may not
     results are obsolete once the state they produced is committed, so
     nothing is written for them then — a quick step costs its commit only.
     A step that fails (its retries given up) loses the deferred results with
-    the process; a resume runs those calls again.
+    the process; a resume runs those calls again. So does a step suspended
+    again by a wait it had recorded already (a run woken before its time):
+    its suspension writes the head the runner holds, not the journal's queue.
+    (A first wait records itself, and that write carries the queue.)
 
 What other stores pay
     Nothing: a store without ``min_write_interval`` (local, S3, Azure,
