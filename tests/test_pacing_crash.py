@@ -17,6 +17,7 @@ write of one object within a second, takes a sample — with no 429 answered.
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import tempfile
@@ -154,9 +155,8 @@ def check_kill_and_rerun(child: Child, crash: str) -> None:
 
 @pytest.fixture
 def local_child(tmp_path: Path) -> Iterator[Child]:
+    """``jrn-quick`` on a local store declaring an interval of its own."""
     store = ds.LocalStore(tmp_path / "store")
-    import os
-
     yield Child(
         str(tmp_path / "store"), dict(os.environ), store, tmp_path, ["--interval", LOCAL_INTERVAL]
     )
