@@ -73,6 +73,12 @@ class Context:
         object — its plain data); what JSON cannot encode raises
         SerializationError.
         Each name may be used once per attempt: put an index or id in it.
+
+        On a store that allows one write of an object per interval (GCS: a
+        second; ``min_write_interval``), a call that returns before the run's
+        next write is due returns at once and is written with that write (at
+        most an interval later): a crash before it runs the call again, as a
+        crash before any record lands does. See ``docs/stores/gcs.md``.
         """
         if self._journal is None:  # a step called by hand (a unit test): no run to record in
             return fn(*args, **kwargs)

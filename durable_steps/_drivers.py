@@ -77,11 +77,16 @@ class ListObjects:
 
 @dataclass(frozen=True)
 class Put:
-    """Conditional write: result the new version."""
+    """Conditional write: result the new version. ``not_before``: the
+    ``time.monotonic()`` moment it may be sent at the earliest (a store that
+    limits writes per object name, see ``_pacing``); the driver waits for it
+    in the thread that sends it, never on an event loop.
+    """
 
     key: str
     data: bytes
     match: str | None
+    not_before: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -181,6 +186,9 @@ def _request(effect: Effect, store: Store) -> Any:  # noqa: PLR0911 - a return p
     if isinstance(effect, ListObjects):  # the listing pages lazily: a limit stops it early
         return list(itertools.islice(store.list(effect.prefix), effect.limit))
     if isinstance(effect, Put):
+        wait = effect.not_before - time.monotonic()
+        if wait > 0:  # pacing is the store's limit, not a retry: no_wait() does not skip it
+            time.sleep(wait)
         return store.put(effect.key, effect.data, match=effect.match)
     if isinstance(effect, Delete):
         return store.delete(effect.key, match=effect.match)

@@ -336,7 +336,7 @@ class Journal(Log):
             self.used.add(name)
             if title is not None:
                 self.titles[name] = _title(title)
-            found = self.results.get(name)
+            found = self.results.get(name) or self.deferred.get(name)
             opened = self.open.get(name)
         if found is not None:
             if found.kind != kind:

@@ -16,12 +16,24 @@ Group commit
     it. Nobody returns before their own change is durable. A change applies
     to the in-memory journal only once its write landed, so a refused or
     failed write leaves the journal as the store has it.
+
+Deferred call results
+    On a store that limits writes per object name (GCS; see
+    :mod:`durable_steps._pacing` for the design), a ``ctx.call`` result that
+    arrives while the head's next write slot is not due is *deferred*: it
+    joins the queue without a waiter, ``ctx.call`` returns, and a timer
+    writes the queue when the slot is due (unless another write — an
+    effect's intent, a wait — carried it first). Until then it is kept in
+    :attr:`Log.deferred`, where a replay in this process finds it. Nothing
+    else is ever deferred, and on other stores nothing is.
 """
 
 from __future__ import annotations
 
 import base64
+import logging
 import threading
+import time
 import typing
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
@@ -36,10 +48,13 @@ from .serializers import plain_json
 if TYPE_CHECKING:
     from ._events import EventKind
     from ._lease import Owner
+    from ._pacing import Pace
     from ._plan import Plan
     from ._record.checkpoint import Signer
 
 __all__ = ["Change", "Kind", "Log", "Result", "Writer"]
+
+logger = logging.getLogger("durable_steps")
 
 
 class Writer(typing.Protocol):
@@ -53,6 +68,7 @@ class Writer(typing.Protocol):
     plan: Plan
     name: str
     run_id: str
+    pace: Pace
     header: ckpt.Checkpoint
     payload: bytes
     parts: f2.Parts | None
@@ -127,6 +143,9 @@ class Log:
         self._asked = self._done = 0
         self._writing = False
         self._errors: dict[int, BaseException] = {}
+        self.deferred: dict[str, Result] = {}
+        """Call results returned but not written yet (queued for the next write)."""
+        self._timer: threading.Timer | None = None
         self._load()
 
     def _load(self) -> None:
@@ -196,34 +215,103 @@ class Log:
 
     # --- making it durable -----------------------------------------------------
 
-    def _durable(self, change: Change) -> None:
-        """Return once ``change`` is written (group commit; see the module docstring)."""
+    def _durable(self, change: Change | None) -> None:
+        """Return once ``change`` is written (group commit; see the module
+        docstring), or at once when it is a call result that may wait for the
+        next write slot (deferred). ``None``: write what was deferred (the timer).
+        """
         with self._cond:
-            self._queue.append(change)
+            if not self._enqueued(change):
+                return
             self._asked += 1
             ticket = self._asked
             while self._done < ticket:
                 if self._writing:
                     self._cond.wait()
-                    continue
-                batch, self._queue = self._queue, []
-                last, self._writing = self._asked, True
-                error: BaseException | None = None
-                self._cond.release()
-                try:
-                    self._write(batch)
-                except BaseException as exc:
-                    error = exc
-                finally:
-                    self._cond.acquire()
-                    self._writing = False
-                if error is not None:
-                    self._errors.update(dict.fromkeys(range(self._done + 1, last + 1), error))
-                self._done = last
-                self._cond.notify_all()
+                else:
+                    self._write_queue()
             failure = self._errors.pop(ticket, None)
         if failure is not None:
             raise failure
+
+    def _enqueued(self, change: Change | None) -> bool:
+        """Queue ``change`` (``_cond`` held); whether its caller waits for the write."""
+        if change is None:  # the timer: a write only if something is still deferred
+            return not self.closed and bool(self.deferred)
+        self._queue.append(change)
+        if not self._deferrable(change) or (not self._writing and self.run.pace.due()):
+            return True  # (a call when the slot is due: written before it returns, as elsewhere)
+        assert change.result is not None
+        self.deferred[change.name] = change.result
+        self._schedule()
+        return False
+
+    def _write_queue(self) -> None:
+        """Write everything queued, as the one writer (``_cond`` held, released
+        while the write is under way); settle the tickets it covers.
+        """
+        batch, self._queue = self._queue, []
+        last, self._writing = self._asked, True
+        error: BaseException | None = None
+        self._cond.release()
+        try:
+            if batch:  # (empty: a flush whose results a write carried already)
+                self._write(batch)
+        except BaseException as exc:
+            error = exc
+        finally:
+            self._cond.acquire()
+            self._writing = False
+        if error is not None:
+            self._errors.update(dict.fromkeys(range(self._done + 1, last + 1), error))
+            # Deferred results stay queued: the next write carries them.
+            self._queue[:0] = [c for c in batch if self._is_deferred(c)]
+        else:
+            for c in batch:
+                if self._is_deferred(c):
+                    del self.deferred[c.name]
+        self._done = last
+        self._cond.notify_all()
+
+    def _deferrable(self, change: Change) -> bool:
+        """A call's result, on a store that paces writes (see the module docstring)."""
+        result = change.result
+        return (
+            bool(self.run.pace.interval)
+            and change.intent is None
+            and result is not None
+            and result.kind == "call"
+        )
+
+    def _is_deferred(self, change: Change) -> bool:
+        return change.result is not None and self.deferred.get(change.name) is change.result
+
+    def _schedule(self) -> None:
+        """Have the deferred results written when the slot is due (``_cond`` held)."""
+        if self._timer is not None or self.closed:
+            return
+        delay = max(0.0, self.run.pace.slot() - time.monotonic())
+        self._timer = threading.Timer(delay, self._flush_deferred)
+        self._timer.daemon = True
+        self._timer.start()
+
+    def _flush_deferred(self) -> None:
+        """The timer: one head write carrying the deferred results. A failure
+        leaves them queued for the next write (a lost run: nothing more is).
+        """
+        with self._cond:
+            self._timer = None
+        try:
+            self._durable(None)
+        except Exception as exc:  # the step's next write says it, or its commit drops them
+            logger.info(
+                "run %s: step %r: writing %d deferred call result(s) failed (%s); the "
+                "next write carries them",
+                self.run.name,
+                self.step,
+                len(self.deferred),
+                exc,
+            )
 
     def _write(self, batch: list[Change]) -> None:
         """One head write carrying ``batch``; the journal changes only once it landed."""
@@ -321,5 +409,12 @@ class Log:
         """The step returned: refuse further calls, wait for a write in flight."""
         with self._cond:
             self.closed = True
+            if self._timer is not None:
+                self._timer.cancel()
+                self._timer = None
+            # Deferred results go unwritten: the commit drops the journal, and a
+            # step that failed runs those calls again when it is resumed.
+            self._queue = [c for c in self._queue if not self._is_deferred(c)]
+            self.deferred.clear()
             while self._writing:
                 self._cond.wait()

@@ -85,6 +85,7 @@ def _check(run: RunState, data: bytes, version: str) -> bool:
         claim = _check_owner(run, header) or claim
         header = _deploy.adopt(run, header)  # resume by step name
     run.header, run.payload, run.version = header, payload, version
+    run.pace.seen(header.updated_at)  # its last writer may have written it a moment ago
     run.entry = _index.entry_of(header)  # as stored: a resume's first write moves it
     run.resumed = True
     return claim and header.status != "deleted"

@@ -18,6 +18,7 @@ from . import _index
 from ._drivers import Delete, Get, ListKeys, Protocol, Put, Sweep, drive_sync
 from ._events import Event, EventKind, emit, logger
 from ._lease import Heartbeat, Owner, describe
+from ._pacing import Pace, write_interval
 from ._plan import Plan
 from ._record import checkpoint as ckpt
 from ._record import format2 as f2
@@ -74,6 +75,9 @@ class RunState:
         self.mark: int | None = None
         """Format 2, while a step runs: the length of the committed tail, which
         the step's journal records follow (its commit drops them)."""
+        self.pace = Pace(write_interval(plan.store))
+        """When the head may next be written, on a store that limits writes
+        per object name (GCS); always at once elsewhere (see ``_pacing``)."""
 
     def event(self, kind: EventKind, **fields: Any) -> None:
         if self.plan.subscribers:
@@ -350,12 +354,14 @@ class RunState:
             else:
                 made = yield from _index.leaving(self.entry, header)
             try:
-                self.version = yield Put(self.key, data, self.version)
+                self.version = yield Put(self.key, data, self.version, self.pace.slot())
             except CheckpointConflict:
                 found = yield Get(self.key)
                 if not self._adopt(found):
                     raise
-                self.version = yield Put(self.key, data, self.version)
+                self.version = yield Put(self.key, data, self.version, self.pace.slot())
+            finally:  # answered, landed or not: the next write keeps its distance
+                self.pace.wrote()
         except CheckpointConflict as exc:
             if creating:  # another process made the run: our marker is nobody's
                 yield from _index.abandoned(header)

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any, Literal, ParamSpec, TypeVar, overload
 from . import _fingerprints, _fork, _resolve, _runner, _signals
 from ._drivers import drive_async, drive_sync
 from ._events import Subscriber
+from ._pacing import write_interval
 from ._plan import Plan
 from ._record.checkpoint import validate_name
 from ._step import InDoubt, Retry, Step, callable_with, is_async_callable
@@ -197,6 +198,13 @@ class Workflow:
         validate_name(run_id, "run id")
         if not self._steps:
             raise DefinitionError(f"workflow {self.name!r} has no steps; add some with @wf.step()")
+        interval = write_interval(self.store)
+        if self.lease < 3 * interval:  # the heartbeat renews it every lease/3, paced
+            raise DefinitionError(
+                f"workflow {self.name!r}: lease={self.lease:g} s is too short for "
+                f"{self.store!r}, which allows one write of an object every {interval:g} s: "
+                f"the lease is renewed every third of it. Use lease={3 * interval:g} or more."
+            )
         if not asynchronous:
             for s in self._steps:
                 if s.is_async:

@@ -166,6 +166,9 @@ class FakeGCSServer(CloudServer):
         from durable_steps.stores.gcs import GCSStore
 
         endpoint = options.pop("endpoint_url", None)
+        # The emulator has no write-rate limit: in-process tests write at once
+        # (their leases are short) unless they ask for GCS's pacing (test_gcs_rate).
+        options.setdefault("min_write_interval", 0.0)
         return GCSStore(bucket, prefix, client=self.client(endpoint), **options)
 
 

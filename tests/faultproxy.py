@@ -38,6 +38,15 @@ Modes (until changed, for every request):
 
 ``date_offset``   seconds added to the ``Date`` header of every forwarded response
                   (a service whose clock is that far ahead of ours);
+``rate_limit(seconds)`` answer 429 to a write of an object name (an upload, a PUT,
+                  a DELETE) less than ``seconds`` after the last write of that name
+                  the proxy forwarded: GCS's limit of about one write per second
+                  per object. :attr:`FaultProxy.limited` counts the 429s,
+                  :attr:`FaultProxy.refused` lists their ``(monotonic, name)``
+                  and :attr:`FaultProxy.writes` those of the writes forwarded
+                  (kept with or without a limit).
+                  A GCS multipart upload's name is read from its metadata part
+                  (the JSON API puts it in the body, not the URL);
 ``strip_conditions()`` remove ``If-None-Match`` / ``If-Match`` before forwarding
                   (a service that ignores conditional writes). SigV4 signs those
                   headers, so the request is re-signed with the credentials given
@@ -48,14 +57,17 @@ from __future__ import annotations
 
 import email.utils
 import http.client
+import json
+import re
 import socket
 import socketserver
 import threading
+import time
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import BinaryIO
-from urllib.parse import urlparse
+from urllib.parse import parse_qs, unquote, urlparse
 
 from botocore.auth import S3SigV4Auth
 from botocore.awsrequest import AWSRequest
@@ -79,6 +91,7 @@ _HOP_BY_HOP = frozenset(
 _CONDITIONS = frozenset({"if-none-match", "if-match"})
 _SIGNATURE = frozenset({"authorization", "x-amz-date", "x-amz-content-sha256"})
 _ERRORS = {
+    429: "TooManyRequests",
     500: "InternalError",
     501: "NotImplemented",
     503: "ServiceUnavailable",
@@ -142,6 +155,8 @@ class _Handler(socketserver.BaseRequestHandler):
                     sock.sendall(b"HTTP/1.1 100 Continue\r\n\r\n")
                 body = _read_body(rfile, headers)
                 fault = proxy._take(method, target)
+                if fault is None and proxy._too_soon(method, target, body):
+                    fault = Fault("rate429", method, status=429, code=_ERRORS[429])
                 forwarded = proxy._conditions_applied(method, target, list(headers.items()), body)
                 proxy._record(
                     SeenRequest(
@@ -187,6 +202,39 @@ class _Handler(socketserver.BaseRequestHandler):
             rfile.close()
             proxy._track(sock, add=False)
             _hard_close(sock)
+
+
+_GCS_OBJECT = re.compile(r"/storage/v1/b/[^/]+/o/([^?]+)")
+
+
+def _written_object(method: str, target: str, body: bytes) -> str | None:
+    """The object name a request writes, or None for a read (or what names none).
+
+    GCS: an upload (``POST /upload/storage/v1/b/B/o?uploadType=...``) names its
+    object in ``name=`` or, for a multipart upload, in the JSON metadata that
+    is the body's first part; a DELETE in its path. Others (S3, Azure): a PUT
+    or DELETE of the path.
+    """
+    url = urlparse(target)
+    if method == "POST" and url.path.startswith("/upload/storage/"):
+        query = parse_qs(url.query)
+        if "name" in query:
+            return query["name"][0]
+        start = body.find(b"{")
+        if start < 0:
+            return None
+        try:
+            meta, _ = json.JSONDecoder().raw_decode(body[start:].decode("utf-8", "replace"))
+        except ValueError:
+            return None
+        name = meta.get("name") if isinstance(meta, dict) else None
+        return str(name) if name else None
+    if method == "DELETE":
+        match = _GCS_OBJECT.search(url.path)
+        return unquote(match.group(1)) if match else url.path
+    if method == "PUT" and "comp=" not in url.query and "uploadType" not in url.query:
+        return url.path
+    return None
 
 
 def _read_body(reader: BinaryIO, headers: http.client.HTTPMessage) -> bytes:
@@ -296,6 +344,11 @@ class FaultProxy:
         self.credentials = credentials
         self.date_offset = 0.0
         self._strip = False
+        self.min_interval = 0.0
+        self.limited = 0
+        self.writes: list[tuple[float, str]] = []
+        self.refused: list[tuple[float, str]] = []
+        self._last_write: dict[str, float] = {}
         self.counts: Counter[str] = Counter()
         self.seen: list[SeenRequest] = []
         self._faults: list[Fault] = []
@@ -388,6 +441,13 @@ class FaultProxy:
             raise ValueError("strip_conditions() re-signs requests: give FaultProxy credentials")
         self._strip = on
 
+    def rate_limit(self, seconds: float = 1.0) -> None:
+        """From now on, answer 429 to a second write of one object name within
+        ``seconds`` (0: no limit); see the module docstring."""
+        with self._lock:
+            self.min_interval = seconds
+            self._last_write.clear()
+
     def pending(self) -> int:
         """How many queued faults have not been consumed yet."""
         with self._lock:
@@ -431,6 +491,23 @@ class FaultProxy:
             return email.utils.formatdate(when, usegmt=True)
 
         return [(n, shifted(v) if n.lower() == "date" else v) for n, v in headers]
+
+    def _too_soon(self, method: str, target: str, body: bytes) -> bool:
+        """Whether this write of an object comes too soon after the last (and if
+        not, remember it as the last)."""
+        name = _written_object(method, target, body)
+        if name is None:
+            return False
+        now = time.monotonic()
+        with self._lock:
+            last = self._last_write.get(name)
+            if self.min_interval and last is not None and now - last < self.min_interval:
+                self.limited += 1
+                self.refused.append((now, name))
+                return True
+            self._last_write[name] = now
+            self.writes.append((now, name))
+        return False
 
     def _take(self, method: str, path: str) -> Fault | None:
         with self._lock:

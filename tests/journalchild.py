@@ -39,6 +39,18 @@ exits with status 3 and the message on stderr. ``--format1`` writes the run
 in format 1 (a custom serializer), whose journal rides in the header.
 ``--stop`` makes the crash a SIGSTOP: the process freezes there, alive.
 
+``jrn-quick`` (a store that paces its head's writes, see
+``durable_steps._pacing``): one step ``turn`` looping :data:`QUICK_PASSES`
+passes, each making :data:`QUICK_CALLS` quick ``ctx.call("q:<i>")`` (logged
+``q:<pass>:<i>``), then ``ctx.effect("pay")`` (logged ``pay:<pass>``, its
+key in the ledger as ``pay:<pass>:<key>``), then :data:`QUICK_AFTER` more
+calls; most call results ride on a later write (deferred). ``--interval S``
+makes the store declare ``min_write_interval`` S (the local store has none;
+GCSStore's own is used otherwise). ``--crash before-write:head:N`` /
+``after-write:head:N`` dies around the N-th head write of the run (0: its
+creation), ``inside:pay:I`` inside the effect after its ledger line,
+``between:q:<i>:I`` right after call i returned (its result perhaps deferred).
+
 ``jrn-gather``: one async step making :data:`FANOUT`
 concurrent ``ctx.acall("tool:<i>", ...)`` through ``asyncio.gather``;
 ``jrn-effects``: the same with ``ctx.aeffect``, each appending
@@ -63,6 +75,7 @@ import os
 import signal
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -78,6 +91,11 @@ TURNS = "jrn-turns"
 GATHER = "jrn-gather"
 THREADS = "jrn-threads"
 EFFECTS = "jrn-effects"
+QUICK = "jrn-quick"
+QUICK_PASSES = 2
+QUICK_CALLS = 8
+QUICK_AFTER = 3
+QUICK_CALL_SECONDS = 0.04
 
 Crash = tuple[str, str, int]
 Boundary = tuple[str, str, int]
@@ -225,6 +243,78 @@ class KillingStore:
         self.inner.close()
 
 
+class WriteKiller(KillingStore):
+    """Wrap a store; SIGKILL the process around its N-th head write (0: the
+    creation), counted in this process. Declares ``min_write_interval`` (the
+    inner store's, or ``interval``) so the run paces its head's writes.
+    """
+
+    def __init__(self, inner: ds.Store, crash: Crash | None, interval: float | None) -> None:
+        super().__init__(inner, None, names=None)
+        self.at = crash
+        self.count = 0
+        self.min_write_interval = (
+            float(getattr(inner, "min_write_interval", 0.0)) if interval is None else interval
+        )
+
+    def put(self, key: str, data: bytes, *, match: str | None = None) -> str:
+        """Write through; die before or after the chosen head write."""
+        if key.startswith("_index/") or "/parts/" in key:
+            return self.inner.put(key, data, match=match)
+        n, self.count = self.count, self.count + 1
+        if self.at == ("before-write", "head", n):
+            die()
+        version = self.inner.put(key, data, match=match)
+        if self.at == ("after-write", "head", n):
+            die()
+        return version
+
+
+def quick_workflow(
+    store: ds.Store, log: Path, ledger: Path, crash: Crash | None, interval: float | None
+) -> ds.Workflow:
+    """``jrn-quick`` on ``store`` (wrapped in a :class:`WriteKiller`)."""
+
+    def lookup(iteration: int, i: int) -> dict[str, int]:
+        append_line(log, f"q:{iteration}:{i}")
+        time.sleep(QUICK_CALL_SECONDS)
+        return {"it": iteration, "i": i}
+
+    def pay(iteration: int, idempotency_key: str) -> dict[str, int]:
+        append_line(log, f"pay:{iteration}")
+        append_line(ledger, f"pay:{iteration}:{idempotency_key}")
+        if crash == ("inside", "pay", iteration):
+            die()
+        return {"paid": iteration}
+
+    wf = ds.Workflow(
+        QUICK,
+        store=WriteKiller(store, crash, interval),
+        until=lambda s: s["turns"] >= QUICK_PASSES,
+        serializer="json",
+    )
+
+    @wf.step
+    def turn(state: dict[str, Any], ctx: ds.Context) -> None:
+        out: list[Any] = []
+        for i in range(QUICK_CALLS + QUICK_AFTER):
+            if i == QUICK_CALLS:
+                out.append(ctx.effect("pay", pay, ctx.iteration))
+            out.append(ctx.call(f"q:{i}", lookup, ctx.iteration, i))
+            if crash == ("between", f"q:{i}", ctx.iteration):
+                die()
+        state["log"].append(out)
+        state["turns"] += 1
+
+    return wf
+
+
+def quick_names(iteration: int) -> list[str]:
+    """What ``jrn-quick``'s pass ``iteration`` logs, in order."""
+    calls = [f"q:{iteration}:{i}" for i in range(QUICK_CALLS + QUICK_AFTER)]
+    return [*calls[:QUICK_CALLS], f"pay:{iteration}", *calls[QUICK_CALLS:]]
+
+
 class Format1JSON(ds.JSONSerializer):
     """JSON under another name: a custom serializer, so runs are written in format 1
     (the journal's results then ride in the header)."""
@@ -362,7 +452,7 @@ def fanout_workflow(
 def main(argv: list[str] | None = None) -> int:
     """Parse arguments, run the chosen workflow, print its final state."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("workflow", choices=(TURNS, GATHER, EFFECTS, THREADS))
+    parser.add_argument("workflow", choices=(TURNS, GATHER, EFFECTS, THREADS, QUICK))
     parser.add_argument("--store", required=True, help="store URL")
     parser.add_argument("--run", required=True, help="run id")
     parser.add_argument("--log", required=True, type=Path, help="executions log")
@@ -374,6 +464,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--in-doubt", default="refire", choices=("refire", "raise"))
     parser.add_argument("--format1", action="store_true", help="write format 1 (jrn-turns)")
     parser.add_argument("--stop", action="store_true", help="SIGSTOP instead of SIGKILL")
+    parser.add_argument("--interval", type=float, default=None, help="S (jrn-quick)")
     args = parser.parse_args(argv)
     if args.stop:
         STOP["signal"] = signal.SIGSTOP
@@ -385,6 +476,11 @@ def main(argv: list[str] | None = None) -> int:
                 store, args.log, args.ledger, crash, in_doubt=args.in_doubt, format1=args.format1
             )
             final = wf.run(args.run, initial_state())
+        elif args.workflow == QUICK:
+            wf = quick_workflow(
+                store, args.log, args.ledger, parse_crash(args.crash), args.interval
+            )
+            final = wf.run(args.run, {"turns": 0, "log": []})
         else:
             wf = fanout_workflow(args.workflow, store, args.log, args.ledger, args.kill_at_calls)
             final = (

@@ -20,6 +20,15 @@ attempt landed and only its response was lost.
 Objects up to 8 MiB are written in one multipart upload; larger ones go
 through a resumable upload session, which GCS also subjects to the
 precondition.
+
+The write rate of one object
+----------------------------
+GCS accepts about one write per second to one object name (a faster one is
+answered 429, which is retried). The store says so in
+:attr:`GCSStore.min_write_interval`, and a run paces the writes of its head
+by it, coalescing the journaled call results made in between into the next
+write (see ``durable_steps._pacing``): a step can make many quick calls a
+second without meeting the limit.
 """
 
 from __future__ import annotations
@@ -120,6 +129,11 @@ class GCSStore:
 
     A missing bucket reads as an empty one; the run's first write then fails
     with a :class:`~durable_steps.StoreError` that names the bucket.
+
+    ``min_write_interval`` (seconds, default 1.0) is how long a run waits
+    between two writes of its head, GCS's rate limit for one object name;
+    journaled calls made in between are written together (see the module
+    docstring). 0 turns the pacing off (an emulator without the limit).
     """
 
     _page_size: int | None = None  # objects per LIST request; None: the service's maximum
@@ -135,10 +149,15 @@ class GCSStore:
         retry_max_wait: float = 5.0,
         connect_timeout: float = 5.0,
         read_timeout: float = 20.0,
+        min_write_interval: float = 1.0,
         sleep: Callable[[float], None] = time.sleep,
     ) -> None:
         if not bucket:
             raise ValueError("GCSStore needs a bucket name")
+        if not 0 <= min_write_interval <= 60:
+            raise ValueError("GCSStore min_write_interval must be 0-60 seconds")
+        self.min_write_interval = float(min_write_interval)
+        """Seconds between two writes of one object name (GCS allows about one a second)."""
         self.bucket = bucket
         self.prefix = join_prefix(prefix)
         self._base = f"{self.prefix}/" if self.prefix else ""
