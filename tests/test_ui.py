@@ -73,9 +73,9 @@ def free_port() -> int:
 class Served:
     """A page served in a thread: its URL, its config (and token), its store."""
 
-    def __init__(self, path: Path, **options: Any) -> None:
+    def __init__(self, path: Path, store: ds.Store | None = None, **options: Any) -> None:
         self.path = path
-        self.store = ds.LocalStore(path)
+        self.store = store or ds.LocalStore(path)
         self.config = Config(self.store, port=free_port(), refresh=0.5, **options)
         self.url = f"http://127.0.0.1:{self.config.port}"
         server = uvicorn.Server(
@@ -228,9 +228,40 @@ def test_a_run_page_shows_its_timeline_calls_and_keys(served: Served, page: Any)
     headings = page.locator("#timeline h3").all_inner_texts()
     assert headings[-3:] == ["Pass 0", "Pass 1", "Pass 2"]
     assert page.locator("#timeline tr.kind-step").count() == 6
+    assert page.locator("#timeline tr.kind-step").first.inner_text().count("1 call") == 1
+
     tree = page.locator("#state .tree")
     assert "result 2" in tree.inner_text()
     assert page.locator("#signal-form").count() == 0  # a finished run waits for nothing
+
+    page.goto(served.url + "/runs/support-agent/ticket-4411")
+    think = page.locator("#timeline tr.kind-step", has_text="think")
+    assert "2 calls" in think.inner_text()  # the journal it committed: llm, tool:orders
+
+
+def test_a_long_runs_timeline_is_paginated(page: Any, tmp_path: Path) -> None:
+    """230 commits (7 history chunks): two pages of the timeline, the last one reached
+    from the first, each entry once."""
+    store = ds.MemoryStore()
+    long = ds.Workflow("long", store=store, until=lambda s: s["n"] >= 230)
+
+    @long.step()
+    def count(state: dict[str, Any]) -> None:
+        state["n"] += 1
+
+    long.run("l-1", {"n": 0})
+    app = Served(tmp_path, store)
+    try:
+        page.goto(app.url + "/runs/long/l-1")
+        assert "Page 1 of 2" in page.locator("nav.pages").inner_text()
+        assert page.locator("#timeline tr.kind-step").count() == 199  # and its creation
+        assert page.locator("#timeline h3").nth(1).inner_text() == "Pass 0"
+        page.get_by_role("link", name="last").click()
+        assert page.locator("#timeline h3").first.inner_text() == "Pass 199"
+        assert page.locator("#timeline h3").last.inner_text() == "Pass 229"
+        assert page.locator("#timeline tr.kind-step").count() == 31
+    finally:
+        app.stop()
 
 
 def test_a_signal_sent_from_the_page_reaches_the_run(served: Served, page: Any) -> None:

@@ -150,7 +150,7 @@ def create_app(config: Config) -> Starlette:
     """The ASGI application of ``durable-steps ui`` over ``config.store``."""
     env = _environment()
     store = config.store
-    where = command_hint(store)
+    where = str(getattr(store, "url", None) or command_hint(store))
 
     def page(name: str, code: int = 200, /, **context: Any) -> HTMLResponse:
         html = env.get_template(name).render(

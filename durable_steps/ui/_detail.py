@@ -20,7 +20,7 @@ from ..cli._inspect import next_hint
 from ..cli._runs import effect_label, load, open_effects, owner_text, peek_header, run_status
 from ..cli._waiting import signal_sent
 from ..stores import Store
-from . import _state, _timeline
+from . import _history, _state, _timeline
 
 __all__ = ["RunPage", "run_page"]
 
@@ -156,7 +156,7 @@ def run_page(
                     "its intent is recorded and its result is not; it may have fired",
                 }
             )
-    out.timeline = _timeline.build(header, decoded.calls, page)
+    out.timeline = _timeline.build(header, decoded.calls, page, _history.read(store, header))
     return out
 
 

@@ -15,7 +15,7 @@ run of 10,000 steps is as quick to show as one of ten.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from .._record import checkpoint as ckpt
 from ..cli._format import human_duration
@@ -212,23 +212,58 @@ def _int(value: object) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
+class Kept(Protocol):
+    """A run's kept history, read a page at a time (``ui._history.History``)."""
+
+    @property
+    def first(self) -> int: ...
+    @property
+    def total(self) -> int: ...
+    def entries(self, lo: int, hi: int) -> list[Entry]: ...
+
+
+class _Listed:
+    """The header's recent commits, as a :class:`Kept`."""
+
+    first = 0
+
+    def __init__(self, entries: list[Entry]) -> None:
+        self._entries = entries
+        self.total = len(entries)
+
+    def entries(self, lo: int, hi: int) -> list[Entry]:
+        return self._entries[lo:hi]
+
+
 def build(
     header: ckpt.Checkpoint,
     calls: list[dict[str, Any]],
     page: int = 1,
-    commits: list[Entry] | None = None,
+    kept: Kept | None = None,
 ) -> Timeline:
-    """Page ``page`` (from 1) of the run's timeline; ``commits``: every commit,
-    when the run keeps its history (else the header's recent ones are used).
+    """Page ``page`` (from 1) of the run's timeline: its creation, its commits
+    (``kept``: the run's whole history, when it keeps one; else the header's
+    recent commits), then what the step in progress left in the head.
     """
-    source = "history" if commits is not None else "header"
-    made = commits if commits is not None else _commits(header)
-    missing = max(0, header.committed - len([c for c in made if c.kind == "step"]))
-    if commits is None:
+    source = "history" if kept is not None else "header"
+    if kept is None:
+        kept = _Listed(_commits(header))
         missing = max(0, header.committed - len(header.history))
-    entries = [Entry(header.created_at, "created", outcome="run created"), *made]
-    entries += _pending(header, calls)
-    pages = max(1, -(-len(entries) // PAGE))
+    else:
+        missing = max(kept.first, header.committed - kept.total)
+    total = kept.total
+    pending = _pending(header, calls)
+    error = header.error
+    if error and total:  # the history holds the failure too: show the head's (its message)
+        last = kept.entries(total - 1, total)
+        where = (error.get("step"), error.get("iteration"))
+        if last and last[0].kind == "failure" and (last[0].step, last[0].iteration) == where:
+            total -= 1
+    count = 1 + total + len(pending)
+    pages = max(1, -(-count // PAGE))
     page = min(max(1, page), pages)
-    shown = entries[(page - 1) * PAGE : page * PAGE]
-    return Timeline(shown, page, pages, len(entries), missing, source)
+    lo, hi = (page - 1) * PAGE, page * PAGE
+    shown = [Entry(header.created_at, "created", outcome="run created")] if lo == 0 else []
+    shown += kept.entries(max(0, lo - 1), min(total, hi - 1))
+    shown += pending[max(0, lo - 1 - total) : max(0, hi - 1 - total)]
+    return Timeline(shown, page, pages, count, missing, source)
