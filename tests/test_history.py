@@ -186,3 +186,25 @@ def test_history_costs_stay_within_the_put_budget() -> None:
     assert all(m is None for _, m in chunks)
     heads = [k for k, _ in writes if k.endswith("/checkpoint")]
     assert len(chunks) <= len(heads) / 32 + 1
+
+
+def test_a_signed_runs_history_is_bound_to_its_signed_head() -> None:
+    """With a signing key the head names its last chunk by digest, under the signature: an
+    edit of the head's log is refused before anything is read, and the chain verifies."""
+    store = ds.MemoryStore()
+    wf = ds.Workflow("signed", store=store, signing_key="k" * 32, until=lambda s: s["n"] >= 40)
+
+    @wf.step()
+    def count(state: dict[str, Any]) -> None:
+        state["n"] += 1
+
+    wf.run("r", {"n": 0})
+    assert len(kept(store, "signed", "r")) == 40
+    key = ckpt.checkpoint_key("signed", "r")
+    found = store.get(key)
+    assert found is not None
+    edited = found[0].replace(b'"n":32', b'"n":31', 1)
+    assert edited != found[0]
+    store.put(key, edited, match=found[1])
+    with pytest.raises(ds.CorruptCheckpoint, match="signature"):
+        wf.run("r")
