@@ -239,6 +239,7 @@ def test_a_run_page_shows_its_timeline_calls_and_keys(served: Served, page: Any)
     assert "2 calls" in think.inner_text()  # the journal it committed: llm, tool:orders
 
 
+@pytest.mark.slow
 def test_a_long_runs_timeline_is_paginated(page: Any, tmp_path: Path) -> None:
     """230 commits (7 history chunks): two pages of the timeline, the last one reached
     from the first, each entry once."""
@@ -388,6 +389,7 @@ def test_another_origin_cannot_act(served: Served, page: Any) -> None:
     assert signal.exists()
 
 
+@pytest.mark.slow
 def test_read_only_serves_no_actions_and_refuses_every_post(runs: Path, page: Any) -> None:
     """`durable-steps ui --read-only`, started as a user would: pages without forms, and a
     POST refused even with a well-formed request."""
