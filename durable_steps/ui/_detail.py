@@ -15,7 +15,7 @@ from typing import Any
 
 from .._lease import is_live, lease_end
 from .._record import checkpoint as ckpt
-from ..cli._format import human_size, run_size, status_label, timestamp
+from ..cli._format import human_size, run_size, timestamp
 from ..cli._inspect import next_hint
 from ..cli._runs import effect_label, load, open_effects, owner_text, peek_header, run_status
 from ..cli._waiting import signal_sent
@@ -196,7 +196,3 @@ def _sections(out: RunPage, header: ckpt.Checkpoint, sent_at: float | None, now:
             ("at", timestamp(float(error.get("at", 0)), now)),
         ]
 
-
-def label(status: str) -> str:
-    """A status as the command line spells it."""
-    return status_label(status)
