@@ -7,6 +7,7 @@ from typing import Any
 
 from ._context import Context
 from ._drivers import Protocol
+from ._record import history
 from ._run import RunState
 from ._step import Step
 from .errors import StepFailed
@@ -37,18 +38,21 @@ def record_failure(
     """Write status "failed" and the error with the last commit's payload:
     what the failed attempt changed never reaches storage.
     """
+    at = round(time.time(), 3)
     error = {
         "step": step.name,
         "iteration": ctx.iteration,
         "type": f"{type(exc).__module__}.{type(exc).__qualname__}",
         "message": str(exc)[:2000],
         "attempts": ctx.attempt,
-        "at": round(time.time(), 3),
+        "at": at,
     }
     run.event(
         "step_failed", step=step.name, iteration=ctx.iteration, attempt=ctx.attempt, error=exc
     )
-    yield from run.write(run.header.evolve(status="failed", error=error), step.name)
+    header = run.header
+    log = history.add(header, history.FAILED, step.name, ctx.attempt, 0.0, at)
+    yield from run.write(header.evolve(status="failed", error=error, log=log), step.name)
 
 
 def sentence(exc: BaseException) -> str:

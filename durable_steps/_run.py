@@ -22,6 +22,7 @@ from ._pacing import Pace, write_interval
 from ._plan import Plan
 from ._record import checkpoint as ckpt
 from ._record import format2 as f2
+from ._record import history
 from ._signals import signals_prefix
 from .errors import CheckpointConflict, CorruptCheckpoint, SerializationError, StoreError
 from .serializers import SignedSerializer
@@ -486,11 +487,12 @@ class RunState:
 
 
 def clear_objects(workflow: str, run_id: str) -> Protocol[int]:
-    """Delete everything under a run's ``parts/`` and ``signals/``, and what
-    killed writers left there that no key lists; how many parts there were.
+    """Delete everything under a run's ``parts/``, ``signals/`` and ``history/``,
+    and what killed writers left there that no key lists; how many parts there were.
     """
     found = []
-    for prefix in (f2.parts_prefix(workflow, run_id), signals_prefix(workflow, run_id)):
+    prefixes = (f2.parts_prefix(workflow, run_id), signals_prefix(workflow, run_id))
+    for prefix in (*prefixes, history.history_prefix(workflow, run_id)):
         keys = yield ListKeys(prefix)
         for key in keys:
             yield Delete(key, None)

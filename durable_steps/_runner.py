@@ -47,6 +47,7 @@ from ._opening import RunGone, load
 from ._plan import Plan
 from ._record import checkpoint as ckpt
 from ._record import format2 as f2
+from ._record import history
 from ._run import Released, RunState
 from ._step import Step
 from ._waiting import settle_wait, suspend, wake
@@ -430,6 +431,11 @@ def _commit(
     )
     if committed.code is not run.plan.code:  # the code of every commit (see _fingerprints)
         committed = committed.replace(code=run.plan.code)
+    kind = history.COMMIT if attempts else history.RESOLVED
+    entry = history.add(header, kind, step.name, attempts, seconds, time.time(), _calls(ctx))
+    # A chunk of history per 32 commits or (much) fewer: never a write per step.
+    stored = len(run.payload) + sum(p["size"] for p in header.parts)
+    committed = yield from history.spill(committed.replace(log=entry), stored)
     try:
         yield from run.save(committed, step.name)
     except SerializationError as exc:  # the state cannot be saved: nothing was written
@@ -453,6 +459,13 @@ def _commit(
     )
 
 
+def _calls(ctx: Context) -> tuple[int, int, int]:
+    """The journaled calls, effects and waits the step's journal holds (for its history)."""
+    kinds = [r.kind for r in ctx._journal.results.values()] if ctx._journal else []
+    waits = sum(k in ("sleep", "signal", "timeout") for k in kinds)
+    return kinds.count("call"), kinds.count("effect"), waits
+
+
 def _finish(run: RunState) -> Protocol[Any]:
     if run.plan.on_complete == "delete":
         yield from _tombstone(run)
@@ -474,10 +487,13 @@ def _tombstone(run: RunState) -> Protocol[None]:
     whatever happens here: a failure is logged, the checkpoint still holds
     the terminal marker, and the next rerun tries again.
     """
-    tomb = run.header.evolve(status="deleted", owner=None, intent=None, error=None, parts=())
+    kept = run.header.log is not None  # its history goes with the state
+    tomb = run.header.evolve(
+        status="deleted", owner=None, intent=None, error=None, parts=(), log=None
+    )
     try:
         yield from run.write(tomb, None, payload=b"")
-        if tomb.format == 2:
+        if tomb.format == 2 or kept:
             yield from run.clear_parts()
     except CheckpointConflict:
         # A new run under the same id (or a resolve, a takeover) wrote it after

@@ -79,6 +79,11 @@ header says how to read the payload and where the run stands:
     not grow its checkpoint): ``[step, iteration, attempts, milliseconds,
     at]`` — integers (``at`` in whole seconds since the epoch) because the
     header is encoded on every write and floats are its slowest part.
+``log``
+    ``null``, or the run's whole history, a few bytes per commit (see
+    :mod:`durable_steps._record.history`): ``{"names", "recent", "n"}``
+    and, once it has chunks, ``"last"`` (the last chunk, named by its digest).
+    Optional when read, like ``journal``: runs written before it have none.
 ``committed``
     How many step commits the run has made in all.
 ``owner``
@@ -243,6 +248,7 @@ class Checkpoint:
     wait: dict[str, Any] | None = None
     error: dict[str, Any] | None = None
     history: tuple[tuple[Any, ...], ...] = ()
+    log: dict[str, Any] | None = None
     committed: int = 0
     owner: dict[str, Any] | None = None
     created_at: float = field(default_factory=_now)
@@ -324,6 +330,8 @@ def encode(header: Checkpoint, payload: bytes, signer: Signer | None = None) -> 
     # vars(), not dataclasses.asdict(): the fields are already JSON-ready and
     # asdict's deep copy costs more than the rest of the header together.
     record = {"format": header.format, **vars(header)}
+    if header.log is None:  # not written until a commit makes one: a new run's head stays
+        del record["log"]  # readable by versions before the log existed
     if header.format == 1:
         del record["parts"]
     else:  # the tail, bound to the (signed) line; parts are bound by their own digests
@@ -418,7 +426,7 @@ def _deeper_than(value: object, limit: int) -> bool:
     return False
 
 
-_OPTIONAL = {"journal": None, "wait": None, "version": None, "code": None}
+_OPTIONAL = {"journal": None, "wait": None, "version": None, "code": None, "log": None}
 """Fields added after checkpoints were first written: a checkpoint without one
 reads as this value. Unlike the others they may be defaulted: none feeds an
 idempotency key or the cursor, and ``None`` means what such a run is (no

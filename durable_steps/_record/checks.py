@@ -213,6 +213,20 @@ def _or_null(check: Callable[[object], bool]) -> Callable[[object], bool]:
     return lambda value: value is None or check(value)
 
 
+def _is_names(value: object) -> bool:
+    return isinstance(value, list) and all(isinstance(v, str) for v in value)
+
+
+def _is_base64(value: object) -> bool:
+    return isinstance(value, str) and _BASE64.fullmatch(value) is not None
+
+
+def _is_chunk(value: object) -> bool:
+    return isinstance(value, str) and _CHUNK.fullmatch(value) is not None
+
+
+_BASE64 = re.compile(r"(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?")
+_CHUNK = re.compile(r"[0-9]{8,20}-[0-9a-f]{32}")
 _REQUIRED_KEY, _OPTIONAL_KEY = True, False
 _Shape = dict[str, tuple[Callable[[object], bool], bool]]
 _RESOLUTION = _one_of("fired", "not_fired")
@@ -251,6 +265,12 @@ _SHAPES: dict[str, _Shape] = {
         "attempts": (_is_count, _REQUIRED_KEY),
         "at": (_is_time, _REQUIRED_KEY),
     },
+    "log": {  # see _record.history
+        "names": (_is_names, _REQUIRED_KEY),
+        "recent": (_is_base64, _REQUIRED_KEY),
+        "n": (_is_count, _REQUIRED_KEY),
+        "last": (_is_chunk, _OPTIONAL_KEY),
+    },
     "owner": {
         "host": (_is_str, _REQUIRED_KEY),
         "pid": (_is_pid, _REQUIRED_KEY),
@@ -263,7 +283,7 @@ _SHAPES: dict[str, _Shape] = {
         "pidns": (is_int, _OPTIONAL_KEY),
     },
 }
-"""What ``intent``, ``error`` and ``owner`` hold when they are not null: per
+"""What ``intent``, ``wait``, ``error``, ``log`` and ``owner`` hold when they are not null: per
 key, its check and whether the writer always writes it. Other keys are kept
 unchecked (a newer writer's optional extras)."""
 

@@ -285,7 +285,7 @@ def _leftovers(store: Store, workflow: str | None, before: float) -> dict[str, l
         path = info.key.split("/")
         if len(path) == 3 and path[2] == ckpt.CHECKPOINT_OBJECT:
             heads.add(f"{path[0]}/{path[1]}")
-        elif len(path) == 4 and path[2] in ("parts", "signals"):
+        elif len(path) == 4 and path[2] in ("parts", "signals", "history"):
             parts[f"{path[0]}/{path[1]}"].append(info)
     return {
         run: infos

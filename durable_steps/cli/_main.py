@@ -14,7 +14,7 @@ from typing import Any, NoReturn
 from .._version import __version__
 from ..errors import CheckpointConflict, DefinitionError, DurableStepsError, RunLocked
 from ..stores import DEFAULT_STORE, STORE_ENV, Store, command_hint, open_store
-from . import _cleanup, _deploys, _doubt, _inspect, _ls, _reindex, _waiting, _worker
+from . import _cleanup, _deploys, _doubt, _inspect, _ls, _reindex, _ui, _waiting, _worker
 from ._base import EXIT_ERROR, EXIT_REFUSED, EXIT_USAGE, INVOKED, PROG, CommandError
 from ._format import Style, echo, use_color
 
@@ -67,6 +67,9 @@ before deploying new code (exit 4 if a run would raise WorkflowChanged):
 resume many runs, on as many machines as you like:
   {PROG} worker --app myagent:workflow      claim and finish unowned runs; SIGTERM stops
   {PROG} reindex                            once, for a store an earlier version wrote
+
+see it all in a browser (pip install 'durable-steps[ui]'):
+  {PROG} ui                                 http://127.0.0.1:8765/ (--read-only: no actions)
 
 store: --store URL, else ${STORE_ENV}, else {DEFAULT_STORE}. A URL is a path,
   file:///path or s3://bucket/prefix (boto3's configuration: AWS_PROFILE,
@@ -132,7 +135,7 @@ def build_parser() -> argparse.ArgumentParser:
         sub.set_defaults(handler=handler)
         return sub
 
-    for group in (_ls, _inspect, _waiting, _doubt, _cleanup, _reindex, _worker, _deploys):
+    for group in (_ls, _inspect, _waiting, _doubt, _cleanup, _reindex, _worker, _deploys, _ui):
         group.register(command)
     return parser
 

@@ -1,0 +1,91 @@
+"""``ui``: serve the web page (:mod:`durable_steps.ui`, the ``ui`` extra)."""
+
+from __future__ import annotations
+
+import argparse
+import ipaddress
+import sys
+from collections.abc import Callable
+from typing import Any
+
+from ..serializers import SIGNING_KEY_ENV
+from ..stores import Store
+from ._base import EXIT_OK, EXIT_USAGE, PROG, CommandError
+from ._format import Style, echo
+
+__all__ = ["register"]
+
+
+def _loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def _cmd_ui(args: argparse.Namespace, store: Store, style: Style) -> int:
+    try:
+        import uvicorn
+
+        from ..ui import Config, create_app
+    except ImportError as exc:
+        raise CommandError(
+            f"the web page needs the ui extra ({exc.name} is missing): "
+            "pip install 'durable-steps[ui]'",
+            EXIT_USAGE,
+        ) from exc
+    config = Config(
+        store,
+        host=args.host,
+        port=args.port,
+        read_only=args.read_only,
+        unsafe_unpickle=args.unsafe_unpickle,
+    )
+    shown = f"[{args.host}]" if ":" in args.host else args.host
+    mode = " (read-only)" if args.read_only else ""
+    echo(f"{PROG} ui: serving {args.store_url} on http://{shown}:{args.port}/{mode}")
+    if not _loopback(args.host):
+        echo(
+            f"{PROG} ui: warning: listening on {args.host}, not loopback: anyone who can reach "
+            "it can read every run (actions still need the page's token; there is no login)",
+            stream=sys.stderr,
+        )
+    uvicorn.run(create_app(config), host=args.host, port=args.port, log_level="warning", ws="none")
+    return EXIT_OK
+
+
+def _port(text: str) -> int:
+    number = int(text)
+    if not 0 < number < 65536:
+        raise argparse.ArgumentTypeError(f"not a port: {text!r}")
+    return number
+
+
+def register(command: Callable[..., Any]) -> None:
+    """Add the ``ui`` subcommand through build_parser's ``command`` factory."""
+    ui = command(
+        "ui",
+        _cmd_ui,
+        "serve a web page over the store: runs, timelines, state, actions",
+        "Serve a dashboard of the store's runs in a browser: live runs first, then recent "
+        "ones, by workflow and status; a run's status and why, its timeline (steps by pass, "
+        "journaled calls and effects with their keys, waits, failures), its owner and lease, "
+        "its state; and the actions of signal, resolve, fork and rm, each confirmed first. "
+        "Listens on loopback unless --host says otherwise; every action needs a token only "
+        "the page it served holds. Needs the ui extra: pip install 'durable-steps[ui]'.",
+    )
+    ui.add_argument(
+        "--host", default="127.0.0.1", help="the address to listen on (default: %(default)s)"
+    )
+    ui.add_argument("--port", type=_port, default=8765, help="the port (default: %(default)s)")
+    ui.add_argument(
+        "--read-only", action="store_true", help="show runs only: no actions, every POST refused"
+    )
+    ui.add_argument(
+        "--unsafe-unpickle",
+        action="store_true",
+        help="decode pickle states to show them (runs code chosen by whoever wrote them; "
+        f"a signed one also needs ${SIGNING_KEY_ENV}); without it, an outline only",
+    )
