@@ -195,4 +195,3 @@ def _sections(out: RunPage, header: ckpt.Checkpoint, sent_at: float | None, now:
             ("attempts", str(error.get("attempts"))),
             ("at", timestamp(float(error.get("at", 0)), now)),
         ]
-

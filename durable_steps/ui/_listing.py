@@ -24,7 +24,7 @@ from .. import _index
 from .._drivers import drive_sync
 from .._record import checkpoint as ckpt
 from ..cli._indexed import _read, covered, done, finished, live, locate_indexed
-from ..cli._inspect import ls_row
+from ..cli._ls import ls_row
 from ..cli._runs import RunInfo, find_runs
 from ..errors import DefinitionError
 from ..stores import Store
