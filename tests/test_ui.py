@@ -102,9 +102,11 @@ class Served:
         self.store.close()
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def browser() -> Iterator[Any]:
-    """One chromium for the whole session (each test gets its own context)."""
+    """One chromium per module (each test gets its own context). Not per session: while
+    Playwright's sync API runs, its event loop is the running loop of the main thread,
+    and every later test calling asyncio.run() would fail."""
     with sync_api.sync_playwright() as pw:
         chromium = pw.chromium.launch(executable_path=str(CHROMIUM), args=["--no-sandbox"])
         yield chromium
