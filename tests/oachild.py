@@ -3,7 +3,7 @@
 Run it by path::
 
     python tests/oachild.py --store DIR --run RUN_ID --log DIR --base-url URL
-        [--crash CUE] [--mode sync|async|plain] [--approval] [--live lookup_order]
+        [--crash CUE] [--mode sync|async|plain] [--approval] [--live TOOL] [--message TEXT]
 
 The workflow ``support`` has one step, ``turn``: a :class:`DurableRunner`
 runs ``triage``, which hands off (through a ``Handoff`` with an
@@ -76,8 +76,8 @@ def summary(result: Any) -> dict[str, Any]:
     }
 
 
-def build(args: argparse.Namespace) -> tuple[Agent[Any], RunConfig, Any]:
-    """The agents, the run config and the function that kills on cue."""
+def build(args: argparse.Namespace) -> tuple[Agent[Any], RunConfig, Any, AsyncOpenAI]:
+    """The agents, the run config, the function that kills on cue and the client."""
     log: Path = args.log
 
     def kill_if(point: str) -> None:
@@ -116,7 +116,7 @@ def build(args: argparse.Namespace) -> tuple[Agent[Any], RunConfig, Any]:
         handoffs=[handoff(billing, on_handoff=on_handoff)],
     )
     config = RunConfig(model_provider=OpenAIProvider(openai_client=client, use_responses=True))
-    return triage, config, kill_if
+    return triage, config, kill_if, client
 
 
 def main() -> int:
@@ -130,22 +130,23 @@ def main() -> int:
     parser.add_argument("--mode", choices=("sync", "async", "plain"), default="sync")
     parser.add_argument("--approval", action="store_true")
     parser.add_argument("--live", action="append", default=[])
+    parser.add_argument("--message", default=MESSAGE)
     args = parser.parse_args()
     set_tracing_disabled(True)
     args.log.mkdir(parents=True, exist_ok=True)
-    triage, config, kill_if = build(args)
+    triage, config, kill_if, _ = build(args)
     if args.mode == "plain":
-        result = Runner.run_sync(triage, MESSAGE, run_config=config)
+        result = Runner.run_sync(triage, args.message, run_config=config)
         json.dump(summary(result), sys.stdout)
         return 0
     runner = DurableRunner(effects={"refund"}, live=args.live)
 
     def turn_sync(state: dict[str, Any], ctx: ds.Context) -> None:
-        state["result"] = summary(runner.run_sync(triage, MESSAGE, ctx=ctx, run_config=config))
+        state["result"] = summary(runner.run_sync(triage, args.message, ctx=ctx, run_config=config))
         ctx.finish()
 
     async def turn_async(state: dict[str, Any], ctx: ds.Context) -> None:
-        result = await runner.run(triage, MESSAGE, ctx=ctx, run_config=config)
+        result = await runner.run(triage, args.message, ctx=ctx, run_config=config)
         state["result"] = summary(result)
         ctx.finish()
 

@@ -46,6 +46,9 @@ step finds the same names), with a title a person can read in ``show``,
     Parallel tool calls are recorded concurrently. An exception the SDK
     turns into a message to the model (its default) is recorded as that
     message. Tools in ``live`` are never recorded.
+``handoff:N``
+    Each handoff made through a ``Handoff`` object: its ``on_handoff``
+    callback runs once, a replay goes to the recorded target.
 ``guardrail:input:<name>:N``, ``guardrail:output:<name>:N``
     Each guardrail's verdict (tripwire and ``output_info``, as JSON).
 ``session:get_items:N``, ``session:add_items:N``...

@@ -17,9 +17,11 @@ another thread or task, or a plain ``Runner.run`` of them, sees them as they
 were. The SDK checks the things it needs by name (the run state, tool
 approvals), which the copies keep.
 
-Not journaled: tools that are not function tools (a computer, a shell, a
-local MCP server's tools, which are listed at run time), and a handoff's
-``on_handoff`` callback, which runs again on replay.
+A ``Handoff`` (``handoff(agent, on_handoff=...)``) is a journaled call too,
+``handoff:N``: its callback runs once, and a replay goes straight to its
+target. Not journaled: tools that are not function tools (a computer, a
+shell, a local MCP server's tools, which are listed at run time), and a
+custom ``Handoff`` whose target is only known by invoking it.
 """
 
 from __future__ import annotations
@@ -111,14 +113,26 @@ class Graph:
         if isinstance(target, Agent):
             return self.agent(target)
         invoke = target.on_invoke_handoff
+        ref = target._agent_ref() if target._agent_ref is not None else None
+        known = ref if isinstance(ref, Agent) else None
+        binding = self.binding
 
         async def on_invoke_handoff(run_ctx: Any, arguments: str) -> Agent[Any]:
-            return self.agent(await invoke(run_ctx, arguments))
+            if known is None:  # its target is only known by calling it: it runs every time
+                return self.agent(await invoke(run_ctx, arguments))
+
+            async def call() -> Any:
+                return {"agent": (await invoke(run_ctx, arguments)).name}
+
+            # Its callback (on_handoff) runs once; a replay goes to the target it names.
+            title = f"handoff to {target.agent_name}"
+            name = binding.numbered("handoff")
+            await binding.ctx._acall(name, call, (), {}, title=title)
+            return self.agent(known)
 
         clone = dataclasses.replace(target, on_invoke_handoff=on_invoke_handoff)
-        ref = target._agent_ref() if target._agent_ref is not None else None
-        if isinstance(ref, Agent):
-            clone._agent_ref = weakref.ref(self.agent(ref))
+        if known is not None:
+            clone._agent_ref = weakref.ref(self.agent(known))
         return clone
 
     def _tool(self, tool: Any) -> Any:
