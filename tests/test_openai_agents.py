@@ -183,6 +183,32 @@ def test_a_killed_agent_run_repeats_no_response_and_fires_the_effect_under_one_k
     assert lines(tmp_path / "log" / "handoffs") == ["billing"] * (2 if crash == "handoff" else 1)
 
 
+def test_an_effect_in_doubt_resolved_by_hand_gives_the_model_that_result(
+    tmp_path: Path, fake: OpenAIFake
+) -> None:
+    """Killed inside the refund, then `resolve --fired --result`: show names the tool and
+    its arguments, the rerun does not refund again, and the model reads the given result.
+    """
+    crashed = child(tmp_path, fake, "--crash", "tool:refund", name="crashed")
+    assert crashed.returncode == KILLED, crashed.stderr
+    cli = [sys.executable, "-m", "durable_steps", "--store", str(tmp_path / "store")]
+    title = "refund(order_id='1001', reason='requested by the customer')"
+
+    def durable_steps(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [*cli, *args], capture_output=True, text=True, cwd=ROOT, check=False, timeout=60
+        )
+
+    show = durable_steps("show", "support/r1")
+    assert f"effect {title}  in doubt" in show.stdout, show.stdout
+    resolved = durable_steps("resolve", "support/r1", "--fired", "--result", '"refunded by hand"')
+    assert resolved.returncode == 0, resolved.stderr
+    done = child(tmp_path, fake, name="done")
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["output"].endswith("- refunded by hand")
+    assert len(lines(tmp_path / "log" / "ledger")) == 1
+
+
 def test_an_approval_waits_survives_a_kill_and_completes_on_a_signal(
     tmp_path: Path, fake: OpenAIFake
 ) -> None:
@@ -342,6 +368,11 @@ def test_live_tools_run_on_every_replay_and_the_others_once(
         # on run_sync's loop: asyncio.run would drop it (unclosed) as the thread's loop
         items = asyncio.get_event_loop().run_until_complete(session.get_items())
         results[live] = (len(lines(log / "lookup")), len(items))
+        # each item once, though the step ran twice (before and after the approval)
+        users = [i for i in items if i.get("role") == "user"]
+        calls = [(i["type"], i["call_id"]) for i in items if "call_id" in i]
+        assert len(users) == 1, items
+        assert len(calls) == len(set(calls)) > 0, items
         session.close()
     assert results[()][0] == 1
     assert results[("lookup_order",)][0] == 2  # the first run, then the replay after approval
@@ -354,7 +385,9 @@ class Answer(BaseModel):
 
 
 def test_structured_output_and_a_tripped_guardrail(tmp_path: Path, fake: OpenAIFake) -> None:
-    """An output_type comes back typed; a guardrail's tripwire raises out of the step."""
+    """An output_type comes back typed (and last_agent is the user's agent); a
+    guardrail's tripwire raises out of the step.
+    """
     triage, config = agents_for(fake, tmp_path / "log")
     billing = triage.handoffs[0].agent_name
     assert billing == "billing"
@@ -369,6 +402,7 @@ def test_structured_output_and_a_tripped_guardrail(tmp_path: Path, fake: OpenAIF
     def turn(state: dict[str, Any], ctx: ds.Context) -> None:
         result = runner.run_sync(agent, "where is order #7?", ctx=ctx, run_config=config)
         assert isinstance(result.final_output, Answer)
+        assert result.last_agent is agent  # the user's agent, not the runner's copy
         state["answer"] = result.final_output.model_dump()
         ctx.finish()
 
