@@ -424,6 +424,45 @@ def test_structured_output_and_a_tripped_guardrail(tmp_path: Path, fake: OpenAIF
     assert isinstance(failed.value.__cause__, InputGuardrailTripwireTriggered)
 
 
+def test_a_model_failure_retries_the_step_replaying_the_finished_responses(
+    tmp_path: Path, fake: OpenAIFake
+) -> None:
+    """The second model response fails once (a timeout): the step's retry runs it again,
+    the first response replays, and no response is paid for twice.
+    """
+    triage, config = agents_for(fake, tmp_path / "log")
+    billing = triage.handoffs[0]._agent_ref()
+    real = billing.model
+    failed: list[int] = []
+
+    class Flaky(type(real)):  # type: ignore[misc]
+        async def get_response(self, *args: Any, **kwargs: Any) -> Any:
+            if not failed:
+                failed.append(1)
+                raise TimeoutError("the model timed out")
+            return await real.get_response(*args, **kwargs)
+
+    flaky = Flaky.__new__(Flaky)
+    flaky.__dict__.update(real.__dict__)
+    billing.model = flaky  # the agents are this test's own
+    runner = DurableRunner(effects={"refund"})
+
+    @ds.step(name="turn", retry=ds.Retry(attempts=2, wait=0, on=TimeoutError))
+    def turn(state: dict[str, Any], ctx: ds.Context) -> None:
+        result = runner.run_sync(triage, oachild.MESSAGE, ctx=ctx, run_config=config)
+        state["output"] = result.final_output
+        state["attempt"] = ctx.attempt
+        ctx.finish()
+
+    before = fake.calls()
+    wf = ds.Workflow("agents", steps=[turn], store=str(tmp_path / "store"))
+    final = wf.run("r1", {})
+    assert final["attempt"] == 2
+    assert "refunded order 1001" in final["output"]
+    assert fake.calls() - before == 3  # the handoff's response replayed in the retry
+    assert len(lines(tmp_path / "log" / "handoffs")) == 1
+
+
 def test_max_turns_is_kept(tmp_path: Path, fake: OpenAIFake) -> None:
     """max_turns= reaches the SDK: a run that needs more turns fails the step."""
     triage, config = agents_for(fake, tmp_path / "log")
