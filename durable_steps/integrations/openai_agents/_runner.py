@@ -120,8 +120,6 @@ class DurableRunner:
         package docstring), so the result has no ``interruptions``.
         ``result.last_agent`` is the user's agent, not the runner's copy of it.
         """
-        if "input" in kwargs:
-            raise DefinitionError("DurableRunner.run(agent, input, ctx=ctx): pass input once")
         binding = Binding(ctx, prefix(ctx), self.effects, self.live)
         graph = Graph(binding)
         self._check_names(ctx, graph, starting_agent)
@@ -155,11 +153,15 @@ class DurableRunner:
 
     def run_streamed(self, *args: Any, **kwargs: Any) -> NoReturn:
         """Refused: a streamed run cannot be journaled; use :meth:`run`."""
+        ctx = kwargs.get("ctx")
+        where = f"run {ctx.workflow}/{ctx.run_id}: step {ctx.step!r}: " if ctx else ""
         raise DefinitionError(
-            "DurableRunner.run_streamed() is not supported: a streamed response is not "
-            "recorded as it arrives, so a crash mid-stream could not be replayed. Use "
+            f"{where}DurableRunner.run_streamed() is not supported: a streamed response is "
+            "not recorded as it arrives, so a crash mid-stream could not be replayed. Use "
             "`await runner.run(agent, input, ctx=ctx)` (or runner.run_sync) inside the step "
-            "and read result.new_items after it."
+            "and read result.new_items after it.",
+            run=f"{ctx.workflow}/{ctx.run_id}" if ctx else None,
+            step=ctx.step if ctx else None,
         )
 
     # --- one run -------------------------------------------------------------------
