@@ -409,4 +409,4 @@ def test_unanswered_or_stray_tool_messages_are_rejected(openai_fake: OpenAIFake)
     whole = [user, assistant, tool(lookup), tool(refund)]
     answer = client.chat.completions.create(model=MODEL, messages=whole, tools=TOOLS)
     assert answer.choices[0].finish_reason == "stop"
-    assert openai_fake.counts() == {"chat_completions": 2, "rejected": 3}
+    assert openai_fake.counts() == {"chat_completions": 2, "responses": 0, "rejected": 3}
