@@ -5,11 +5,13 @@
 
 It answers ``POST /v1/chat/completions`` the way the real API does (a
 ``chat.completion`` object, ``tool_calls`` with JSON-encoded arguments,
-``finish_reason``), so the real ``openai`` SDK talks to it unchanged. The
+``finish_reason``), and ``POST /v1/responses`` (the Responses API the OpenAI
+Agents SDK uses by default: ``input`` items in, ``output`` items out), so the
+real ``openai`` SDK talks to it unchanged. The
 "model" is a script, and the same list of messages always gets the same
 answer, ids included, so a replayed model call and a repeated one can be told
 apart only by counting requests: ``GET /calls`` says how many chat
-completions were served.
+completions and responses were served.
 
 The script, looking only at the messages after the last user message:
 
@@ -19,15 +21,24 @@ The script, looking only at the messages after the last user message:
    all in one turn, as parallel tool calls. A tool the request does not offer
    is not asked for; with no order number, or no tool to use, it asks which
    order the customer means.
-2. Tool results present: answer in text, quoting each tool's result.
+   With none of those tools offered but a handoff (a ``transfer_to_...``
+   tool, as the Agents SDK names them), hand off to the first one offered.
+2. Tool results present: answer in text, quoting each tool's result (a
+   handoff's own result is not quoted). A request for structured output
+   (a JSON schema) gets that answer as a JSON object of the schema's shape.
+
+A Responses API request is turned into the same transcript (function calls
+into an assistant's ``tool_calls``, their outputs into ``tool`` messages) and
+answered by the same script.
 
 Like the real API it rejects (400) a transcript in which an assistant's tool
 calls are not each answered by exactly one ``tool`` message, so an agent that
 loses or repeats a tool result on resume fails here too.
 
 Importable too: :func:`complete` is the script (a request body in, a
-completion out) and :func:`make_server` builds the HTTP server without
-starting it. Standard library only.
+completion out), :func:`respond` its Responses API form, and
+:func:`make_server` builds the HTTP server without starting it. Standard
+library only.
 """
 
 from __future__ import annotations
@@ -41,7 +52,7 @@ import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-__all__ = ["FakeOpenAIServer", "complete", "main", "make_server"]
+__all__ = ["FakeOpenAIServer", "complete", "main", "make_server", "respond"]
 
 CREATED = 1_700_000_000  # a fixed timestamp: the same request gets the same answer
 ORDER = re.compile(r"(?:#|\border\s+)([A-Za-z]*-?\d+)|\b([A-Z]{1,3}-\d+)\b", re.IGNORECASE)
@@ -91,7 +102,8 @@ def _offered(body: dict[str, Any]) -> set[str]:
     names = set()
     for tool in body.get("tools") or []:
         if isinstance(tool, dict) and tool.get("type") == "function":
-            names.add(str(tool.get("function", {}).get("name")))
+            # Chat Completions nests the name in "function"; the Responses API does not.
+            names.add(str(tool.get("function", {}).get("name") or tool.get("name")))
     return names
 
 
@@ -142,20 +154,41 @@ def _check_tool_replies(messages: list[dict[str, Any]]) -> None:
             open_calls = [str(c.get("id")) for c in message.get("tool_calls") or []]
 
 
-def _assistant_turn(messages: list[dict[str, Any]], offered: set[str]) -> dict[str, Any]:
+def _assistant_turn(
+    messages: list[dict[str, Any]], offered: set[str], schema: Any = None
+) -> dict[str, Any]:
     """The scripted assistant message for this transcript."""
     last_user = max(i for i, m in enumerate(messages) if m["role"] == "user")
     user_text = _text(messages[last_user]["content"])
     since = messages[last_user + 1 :]
-    results = [m for m in since if m["role"] == "tool"]
+    handoffs = {
+        str(c.get("id"))
+        for m in since
+        for c in m.get("tool_calls") or []
+        if str(c.get("function", {}).get("name", "")).startswith("transfer_to_")
+    }
+    results = [m for m in since if m["role"] == "tool" and m.get("tool_call_id") not in handoffs]
     if results:
         lines = [f"- {_text(m.get('content'))}" for m in results]
         content = "Here is what I did for you:\n" + "\n".join(lines)
+        if schema is not None:
+            content = json.dumps(_shaped(schema, content, len(results)))
         return {"role": "assistant", "content": content}
     orders = _orders(user_text)
     wanted = [name for name in SUPPORT_TOOLS if name in offered]
+    transfers = sorted(name for name in offered if name.startswith("transfer_to_"))
+    if orders and not wanted and transfers and not handoffs:
+        call_id = "call_" + _digest(messages, transfers[0])[:24]
+        function = {"name": transfers[0], "arguments": "{}"}
+        return {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [{"id": call_id, "type": "function", "function": function}],
+        }
     if not orders or not wanted:
         question = "Which order is this about? Please give me its order number."
+        if schema is not None:
+            question = json.dumps(_shaped(schema, question, 0))
         return {"role": "assistant", "content": question}
     calls = []
     for order in orders:
@@ -169,6 +202,30 @@ def _assistant_turn(messages: list[dict[str, Any]], offered: set[str]) -> dict[s
     return {"role": "assistant", "content": None, "tool_calls": calls}
 
 
+def _shaped(schema: Any, text: str, count: int) -> Any:
+    """A value of JSON schema ``schema``'s shape: strings are ``text``, numbers ``count``."""
+    if not isinstance(schema, dict):
+        return text
+    for union in ("anyOf", "oneOf"):
+        if schema.get(union):
+            return _shaped(schema[union][0], text, count)
+    kind = schema.get("type")
+    if isinstance(kind, list):
+        kind = next((k for k in kind if k != "null"), "string")
+    if kind == "object" or "properties" in schema:
+        properties = schema.get("properties") or {}
+        return {name: _shaped(sub, text, count) for name, sub in properties.items()}
+    if kind == "array":
+        return [_shaped(schema.get("items"), text, count)]
+    if kind in ("integer", "number"):
+        return count
+    if kind == "boolean":
+        return True
+    if "enum" in schema:
+        return schema["enum"][0]
+    return text
+
+
 def complete(body: Any) -> dict[str, Any]:
     """The chat completion the script answers to a request ``body`` (deterministic).
 
@@ -177,7 +234,9 @@ def complete(body: Any) -> dict[str, Any]:
     model, messages = _validate(body)
     if not any(m["role"] == "user" for m in messages):
         raise RequestError(400, "the messages must contain a user message", "messages")
-    message = _assistant_turn(messages, _offered(body))
+    response_format = body.get("response_format") or {}
+    schema = (response_format.get("json_schema") or {}).get("schema", {}) or None
+    message = _assistant_turn(messages, _offered(body), schema)
     message.setdefault("refusal", None)
     prompt_tokens = sum(len(_text(m.get("content")).split()) + 4 for m in messages)
     completion_tokens = len(json.dumps(message).split())
@@ -203,6 +262,104 @@ def complete(body: Any) -> dict[str, Any]:
     }
 
 
+def _messages_of(body: dict[str, Any]) -> list[dict[str, Any]]:
+    """A Responses API request's ``instructions`` and ``input`` as a chat transcript."""
+    raw = body.get("input")
+    items: list[Any] = [{"role": "user", "content": raw}] if isinstance(raw, str) else raw or []
+    messages: list[dict[str, Any]] = []
+    if body.get("instructions"):
+        messages.append({"role": "system", "content": body["instructions"]})
+    for item in items:
+        if not isinstance(item, dict):
+            raise RequestError(400, "every input item must be an object", "input")
+        kind = item.get("type", "message")
+        if kind == "message":
+            messages.append({"role": item.get("role"), "content": _text(item.get("content"))})
+        elif kind == "function_call":
+            last = messages[-1] if messages else {}
+            if last.get("role") != "assistant" or last.get("content"):
+                last = {"role": "assistant", "content": None, "tool_calls": []}
+                messages.append(last)
+            last.setdefault("tool_calls", []).append(
+                {
+                    "id": item.get("call_id"),
+                    "type": "function",
+                    "function": {"name": item.get("name"), "arguments": item.get("arguments")},
+                }
+            )
+        elif kind == "function_call_output":
+            output = item.get("output")
+            content = output if isinstance(output, str) else _text(output)
+            call_id = item.get("call_id")
+            messages.append({"role": "tool", "tool_call_id": call_id, "content": content})
+        # other items (reasoning, hosted tools) carry nothing the script reads
+    return messages
+
+
+def respond(body: Any) -> dict[str, Any]:
+    """The Responses API answer (``object: "response"``) the script gives ``body``.
+
+    Raises :class:`RequestError` for a body the real API would reject.
+    """
+    if not isinstance(body, dict):
+        raise RequestError(400, "The request body must be a JSON object.")
+    model = body.get("model")
+    if not isinstance(model, str) or not model:
+        raise RequestError(400, "you must provide a model parameter", "model")
+    if body.get("stream"):
+        raise RequestError(400, "this fake server does not stream: leave 'stream' unset", "stream")
+    messages = _messages_of(body)
+    if not any(m["role"] == "user" for m in messages):
+        raise RequestError(400, "the input must contain a user message", "input")
+    _check_tool_replies(messages)
+    text_format = (body.get("text") or {}).get("format") or {}
+    schema = text_format.get("schema") if text_format.get("type") == "json_schema" else None
+    message = _assistant_turn(messages, _offered(body), schema)
+    digest = _digest(model, messages, body.get("tools"))
+    output: list[dict[str, Any]] = []
+    if message.get("content") is not None:
+        output.append(
+            {
+                "type": "message",
+                "id": "msg_" + digest[:24],
+                "role": "assistant",
+                "status": "completed",
+                "content": [{"type": "output_text", "text": message["content"], "annotations": []}],
+            }
+        )
+    for call in message.get("tool_calls") or []:
+        output.append(
+            {
+                "type": "function_call",
+                "id": "fc_" + _digest(digest, call["id"])[:24],
+                "call_id": call["id"],
+                "name": call["function"]["name"],
+                "arguments": call["function"]["arguments"],
+                "status": "completed",
+            }
+        )
+    input_tokens = sum(len(_text(m.get("content")).split()) + 4 for m in messages)
+    output_tokens = len(json.dumps(message).split())
+    return {
+        "id": "resp_" + digest[:29],
+        "object": "response",
+        "created_at": CREATED,
+        "status": "completed",
+        "model": model,
+        "output": output,
+        "parallel_tool_calls": bool(body.get("parallel_tool_calls", True)),
+        "tool_choice": body.get("tool_choice") or "auto",
+        "tools": body.get("tools") or [],
+        "usage": {
+            "input_tokens": input_tokens,
+            "input_tokens_details": {"cached_tokens": 0},
+            "output_tokens": output_tokens,
+            "output_tokens_details": {"reasoning_tokens": 0},
+            "total_tokens": input_tokens + output_tokens,
+        },
+    }
+
+
 class FakeOpenAIServer(ThreadingHTTPServer):
     """The HTTP server: routes to :func:`complete` and counts what it served."""
 
@@ -216,6 +373,7 @@ class FakeOpenAIServer(ThreadingHTTPServer):
         self.verbose = verbose
         self.lock = threading.Lock()
         self.chat_completions = 0  # answered with a completion
+        self.responses = 0  # answered with a response (the Responses API)
         self.rejected = 0  # answered with an error
 
     @property
@@ -243,6 +401,7 @@ class _Handler(BaseHTTPRequestHandler):
             with self.server.lock:
                 counts = {
                     "chat_completions": self.server.chat_completions,
+                    "responses": self.server.responses,
                     "rejected": self.server.rejected,
                 }
             self._send(200, counts)
@@ -253,7 +412,8 @@ class _Handler(BaseHTTPRequestHandler):
         length = int(self.headers.get("Content-Length") or 0)
         raw = self.rfile.read(length)
         try:
-            if self.path.rstrip("/") != "/v1/chat/completions":
+            route = self.path.rstrip("/")
+            if route not in ("/v1/chat/completions", "/v1/responses"):
                 raise RequestError(404, f"no route POST {self.path}")
             if not (self.headers.get("Authorization") or "").startswith("Bearer "):
                 raise RequestError(401, "You didn't provide an API key (Authorization: Bearer).")
@@ -261,14 +421,17 @@ class _Handler(BaseHTTPRequestHandler):
                 body = json.loads(raw)
             except ValueError as exc:
                 raise RequestError(400, f"the body is not JSON: {exc}") from None
-            answer = complete(body)
+            answer = respond(body) if route == "/v1/responses" else complete(body)
         except RequestError as exc:
             with self.server.lock:
                 self.server.rejected += 1
             self._send(exc.status, exc.body)
             return
         with self.server.lock:
-            self.server.chat_completions += 1
+            if route == "/v1/responses":
+                self.server.responses += 1
+            else:
+                self.server.chat_completions += 1
         self._send(200, answer)
 
     def log_message(self, format: str, *args: Any) -> None:

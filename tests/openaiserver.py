@@ -1,4 +1,4 @@
-"""Start ``examples/fake_openai.py`` on loopback: a chat-completions API for the real SDK.
+"""Start ``examples/fake_openai.py`` on loopback: an OpenAI API (chat completions, responses).
 
 The fake server (standard library only, shipped with the examples) runs as a
 child process in its own process group on a free 127.0.0.1 port, is stopped
@@ -41,15 +41,18 @@ class OpenAIFake:
     log_path: Path = field(repr=False)
 
     def counts(self) -> dict[str, int]:
-        """What the server answered so far: ``chat_completions`` and ``rejected``."""
+        """What the server answered so far: ``chat_completions``, ``responses``
+        (Responses API) and ``rejected``.
+        """
         root = self.base_url.removesuffix("/v1")
         with urllib.request.urlopen(f"{root}/calls", timeout=10) as response:
             counts: dict[str, int] = json.loads(response.read())
         return counts
 
     def calls(self) -> int:
-        """How many chat completions the server has served."""
-        return self.counts()["chat_completions"]
+        """How many model answers (chat completions and responses) the server has served."""
+        counts = self.counts()
+        return counts["chat_completions"] + counts.get("responses", 0)
 
     def env(self) -> dict[str, str]:
         """What a child process needs for ``openai.OpenAI()`` to talk to this server.

@@ -235,3 +235,42 @@ def test_the_tool_agent_killed_after_a_refund_pays_each_refund_once(tmp_path: Pa
     again = agent()
     assert "3 refunds in the ledger (4 requests)" in again.stdout
     assert (tmp_path / "model.log").read_text().split() == ["1", "5"]
+
+
+OPENAI_AGENTS_SUPPORT = EXAMPLES / "openai_agents_support.py"
+
+
+@pytest.mark.openai_agents
+def test_the_agents_sdk_support_agent_killed_after_a_refund_refunds_each_order_once(
+    tmp_path: Path,
+) -> None:
+    """examples/openai_agents_support.py, offline: SIGKILL right after refund 1; the
+    rerun sends refund 1 again with its first key (the payments API answers with the
+    first refund), makes refund 2, and answers; the ledger holds one refund per order.
+    """
+    pytest.importorskip("agents", reason="the openai-agents extra is not installed")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OPENAI_")}  # offline
+    store = str(tmp_path / "runs")
+
+    def example(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, str(OPENAI_AGENTS_SUPPORT), "--store", store, *args],
+            cwd=tmp_path,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+
+    killed = example("--crash-after-refund", "1")
+    assert killed.returncode == KILLED, killed.stderr
+    [key] = KEY.findall(killed.stdout)
+    resumed = example()
+    assert resumed.returncode == 0, resumed.stderr
+    assert f"refund re_1 for order 1001 (key {key}, a repeat" in resumed.stdout
+    assert "refund re_2 for order 1002" in resumed.stdout
+    assert "agent (refunds): Here is what I did" in resumed.stdout
+    assert "done: 2 refunds in the ledger" in resumed.stdout
+    ledger = json.loads((tmp_path / "runs" / "payments.json").read_text())
+    assert sorted(r["order"] for r in ledger.values()) == ["1001", "1002"]

@@ -281,6 +281,37 @@ def test_same_messages_get_the_same_completion_and_each_is_counted(
     assert openai_fake.calls() == 3
 
 
+def test_openai_sdk_responses_api_tool_calls_then_a_text_answer(openai_fake: OpenAIFake) -> None:
+    """The Responses API (the Agents SDK's default): function calls as output items, then,
+    with their outputs in the input, a text message; an unanswered call is a 400.
+    """
+    client = openai_client(openai_fake)
+    tools: list[Any] = [
+        {
+            "type": "function",
+            "name": t["function"]["name"],
+            "parameters": t["function"]["parameters"],
+        }
+        for t in TOOLS
+    ]
+    items: list[Any] = [{"role": "user", "content": "Please refund order #1001."}]
+    first = client.responses.create(model=MODEL, input=items, tools=tools)
+    calls = [o for o in first.output if o.type == "function_call"]
+    assert [c.name for c in calls] == ["lookup_order", "refund"]
+    assert first.usage is not None
+    assert first.usage.total_tokens > 0
+    items += [c.model_dump(exclude_none=True) for c in calls]
+    with pytest.raises(openai.BadRequestError, match="tool_call_ids"):
+        client.responses.create(model=MODEL, input=items, tools=tools)
+    items += [
+        {"type": "function_call_output", "call_id": c.call_id, "output": f"done {c.name}"}
+        for c in calls
+    ]
+    second = client.responses.create(model=MODEL, input=items, tools=tools)
+    assert "done refund" in second.output_text
+    assert openai_fake.counts() == {"chat_completions": 0, "responses": 2, "rejected": 1}
+
+
 def test_without_an_order_or_tools_it_asks_in_text(openai_fake: OpenAIFake) -> None:
     """No order number, or no tools offered: the model answers with a question, no tool call."""
     client = openai_client(openai_fake)
@@ -300,7 +331,7 @@ def test_bad_requests_are_rejected_like_the_real_api(openai_fake: OpenAIFake) ->
     client = openai_client(openai_fake)
     with pytest.raises(openai.BadRequestError, match="messages"):
         client.chat.completions.create(model=MODEL, messages=[])
-    assert openai_fake.counts() == {"chat_completions": 0, "rejected": 1}
+    assert openai_fake.counts() == {"chat_completions": 0, "responses": 0, "rejected": 1}
 
 
 def test_env_alone_points_the_sdk_at_the_fake(
@@ -347,7 +378,7 @@ def test_fake_openai_runs_as_a_script(tmp_path: Path) -> None:
     server = start_openai_fake(tmp_path)
     try:
         assert server.base_url.startswith("http://127.0.0.1:")
-        assert server.counts() == {"chat_completions": 0, "rejected": 0}
+        assert server.counts() == {"chat_completions": 0, "responses": 0, "rejected": 0}
     finally:
         server.stop()
     assert server.process.poll() is not None
@@ -378,4 +409,4 @@ def test_unanswered_or_stray_tool_messages_are_rejected(openai_fake: OpenAIFake)
     whole = [user, assistant, tool(lookup), tool(refund)]
     answer = client.chat.completions.create(model=MODEL, messages=whole, tools=TOOLS)
     assert answer.choices[0].finish_reason == "stop"
-    assert openai_fake.counts() == {"chat_completions": 2, "rejected": 3}
+    assert openai_fake.counts() == {"chat_completions": 2, "responses": 0, "rejected": 3}

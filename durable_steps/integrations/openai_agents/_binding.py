@@ -1,0 +1,104 @@
+"""One agent run inside a step: where its calls are recorded, and under which names.
+
+Names must be the same on every re-run of the step, so they come from what
+the run itself determines: the order of the model responses, the tool call
+ids the (recorded) responses carry, a guardrail's name and how often it ran.
+A second agent run in the same attempt of a step is prefixed ``agent2:``...
+"""
+
+from __future__ import annotations
+
+import weakref
+from contextvars import ContextVar
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from ...errors import DefinitionError
+
+if TYPE_CHECKING:
+    from agents import RunContextWrapper
+
+    from ..._context import Context
+
+__all__ = ["Binding", "idempotency_key", "key_var", "prefix"]
+
+
+@dataclass
+class Binding:
+    """The journal of one ``DurableRunner`` run: its step context, names and counters."""
+
+    ctx: Context
+    prefix: str
+    effects: frozenset[str]
+    live: frozenset[str]
+    responses: int = 0
+    """Model responses recorded so far: the next one is ``model:<responses + 1>``."""
+    tries: int = 0
+    """Failed tries of the next response in this attempt (an SDK-managed model retry)."""
+    tools: set[str] = field(default_factory=set)
+    counts: dict[str, int] = field(default_factory=dict)
+
+    def model_name(self) -> str:
+        """The name of the next model response (``model:3``; ``model:3.2`` for a retry)."""
+        number = self.responses + 1
+        retry = f".{self.tries + 1}" if self.tries else ""
+        return f"{self.prefix}model:{number}{retry}"
+
+    def tool_name(self, call_id: str) -> str:
+        """``tool:<call id>``; a model that reuses an id gets ``@2``, ``@3``..."""
+        name = f"{self.prefix}tool:{call_id}"
+        count = 1
+        while name in self.tools:
+            count += 1
+            name = f"{self.prefix}tool:{call_id}@{count}"
+        self.tools.add(name)
+        return name
+
+    def numbered(self, kind: str) -> str:
+        """``<kind>:1``, ``<kind>:2``... (guardrails, session operations)."""
+        count = self.counts.get(kind, 0) + 1
+        self.counts[kind] = count
+        return f"{self.prefix}{kind}:{count}"
+
+
+key_var: ContextVar[tuple[str | None, str] | None] = ContextVar(
+    "durable_steps_openai_agents_key", default=None
+)
+"""The (tool call id, idempotency key) of the effect tool running in this context.
+
+A context variable: each tool call runs in a task of its own (a sync tool in
+``asyncio.to_thread``, which copies the context), so parallel tool calls each
+see their own key.
+"""
+
+_runs: weakref.WeakKeyDictionary[Context, tuple[int, int]] = weakref.WeakKeyDictionary()
+"""Per step context: (attempt, agent runs so far in it), to name later runs apart."""
+
+
+def prefix(ctx: Context) -> str:
+    """``""`` for the first agent run in this attempt of the step, then ``agent2:``..."""
+    attempt, count = _runs.get(ctx, (ctx.attempt, 0))
+    count = count + 1 if attempt == ctx.attempt else 1
+    _runs[ctx] = (ctx.attempt, count)
+    return "" if count == 1 else f"agent{count}:"
+
+
+def idempotency_key(tool_ctx: RunContextWrapper[Any]) -> str:
+    """The idempotency key of the effect tool call ``tool_ctx`` belongs to.
+
+    The same on every re-fire of this tool call (a retry of the step, a
+    resume after a crash), different for every other tool call, step, pass
+    and run; at most 64 printable ASCII characters. Pass it to the API the
+    tool calls, so that a re-fire is deduplicated there. Only a tool named in
+    ``DurableRunner(effects=...)``, run by that runner inside a step, has one.
+    """
+    found = key_var.get()
+    call_id = getattr(tool_ctx, "tool_call_id", None)
+    if found is None or (call_id is not None and found[0] != call_id):
+        tool = getattr(tool_ctx, "tool_name", None) or "?"
+        raise DefinitionError(
+            f"idempotency_key() was called in tool {tool!r}, which is not running as an "
+            "effect: name it in DurableRunner(effects={...}) and run the agent with "
+            "runner.run_sync(agent, input, ctx=ctx) (or await runner.run(...)) inside a step."
+        )
+    return found[1]
