@@ -118,7 +118,7 @@ def decide(
         raise WorkflowChanged(
             f"{where}: its next step {position!r} is gone (steps now {list(current)}), so "
             "where to resume is unknown; nothing was written. If it was renamed, name it "
-            f"in the new step's renamed_from=({position!r}); else keep (or restore) that "
+            f"in the new step's renamed_from={position!r}; else keep (or restore) that "
             "step until the run has passed it (finish the run with the old code), or "
             f"delete the run to start over (`{command} rm {run}`).",
             run=run,

@@ -323,7 +323,8 @@ def test_the_next_step_renamed_raises_and_writes_nothing(deploy: Deploy) -> None
     assert proc.returncode == EXIT_CHANGED
     assert "deploy/r1" in proc.stderr
     assert "next step 'draft' is gone" in proc.stderr
-    assert "Keep (or restore) that step" in proc.stderr
+    assert "name it in the new step's renamed_from=" in proc.stderr
+    assert "else keep (or restore) that step" in proc.stderr
     assert deploy.snapshot() == before
     assert deploy.finish(old)["trail"] == ["plan:0", "draft:0", "send:0"]  # old code finishes it
 
@@ -369,7 +370,7 @@ def test_a_pending_intents_step_removed_raises(deploy: Deploy) -> None:
     proc = deploy.child(new)
     assert proc.returncode == EXIT_CHANGED
     assert "pending intent of step 'charge'" in proc.stderr
-    assert "Resume the run once with code that still has step 'charge'" in proc.stderr
+    assert "resume the run once with code that still has step 'charge'" in proc.stderr
     assert deploy.snapshot() == before
 
 
