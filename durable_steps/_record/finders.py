@@ -9,12 +9,21 @@ written whole instead; its finder then keeps only that record.
 
 from __future__ import annotations
 
+import io
 import pickle
+import threading
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from ..errors import SerializationError
-from ..serializers import _COMPACT_JSON, JSONSerializer, SignedSerializer, check_json, plain_json
+from ..serializers import (
+    _COMPACT_JSON,
+    JSONSerializer,
+    SignedSerializer,
+    check_json,
+    plain_json,
+    unpickling_failed,
+)
 from .delta import Tracker, apply, snapshot
 
 if TYPE_CHECKING:
@@ -185,16 +194,50 @@ class JSONFinder(Finder):
         return self.serializer.dumps([[JOURNAL, meta, plain_json(value, path)]])
 
 
-def _pickled(value: Any) -> bytes:
-    """``value``'s pickle: the standard pickler where it can (several times faster
-    per small value), cloudpickle for what only it handles (lambdas, local classes).
-    """
-    try:
-        return pickle.dumps(value, pickle.HIGHEST_PROTOCOL)
-    except Exception:
-        import cloudpickle
+class _Pickler(threading.local):
+    """One cloudpickle pickler per thread, reused for every value.
 
-        return cloudpickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)  # type: ignore[no-any-return]
+    Every value of a pickle state is pickled by cloudpickle, as format 1 and
+    base parts are: one encoding per run, with its guarantees (classes and
+    functions of ``__main__`` or of no importable module stored by value), so
+    a run started as ``python agent.py`` resumes in a worker that imports
+    ``agent``, and ``show --state`` decodes it. ``cloudpickle.dumps`` builds a
+    new pickler per call, which costs five times the pickling of a small
+    value; the finder pickles every item of a top-level list at every commit,
+    so one pickler is kept per thread (a step's threads may record journaled
+    calls at once), its memo cleared around each value: the bytes are those
+    of ``cloudpickle.dumps``, and no value is kept alive after its pickle.
+    """
+
+    def __init__(self) -> None:
+        self.pickler: Any = None
+        self.buffer = io.BytesIO()
+
+    def dumps(self, value: Any) -> bytes:
+        if self.pickler is None:
+            import cloudpickle  # only pickle users pay for importing it
+
+            self.pickler = cloudpickle.Pickler(self.buffer, protocol=pickle.HIGHEST_PROTOCOL)
+        buffer, pickler = self.buffer, self.pickler
+        try:
+            pickler.dump(value)
+            return buffer.getvalue()
+        except BaseException:
+            self.pickler = None  # a failed dump may leave it half-way: start afresh
+            raise
+        finally:
+            if self.pickler is not None:
+                pickler.clear_memo()
+            buffer.seek(0)
+            buffer.truncate()
+
+
+_PICKLER = _Pickler()
+
+
+def _pickled(value: Any) -> bytes:
+    """``value``'s pickle, as ``cloudpickle.dumps`` makes it (see :class:`_Pickler`)."""
+    return _PICKLER.dumps(value)
 
 
 def _pickled_or_named(value: Any) -> bytes:
@@ -330,9 +373,18 @@ def _copy_ops(ops: list[list[Any]]) -> list[list[Any]]:
 
 
 def _unpickle(value: Any) -> Any:
-    """A pickled value (or list of them) of a pickle record or cache."""
-    if isinstance(value, list):
-        return [pickle.loads(x) for x in value]  # noqa: S301 - verified with its record
-    if isinstance(value, bytes):
-        return pickle.loads(value)  # noqa: S301 - verified with its record
+    """A pickled value (or list of them) of a pickle record or cache.
+
+    Raises :class:`~durable_steps.CorruptCheckpoint` for one that does not
+    unpickle, whatever the unpickler raised (a class moved in a deploy gives
+    ``AttributeError``; a damaged pickle, anything): the caller names the run
+    and the record.
+    """
+    try:
+        if isinstance(value, list):
+            return [pickle.loads(x) for x in value]  # noqa: S301 - verified with its record
+        if isinstance(value, bytes):
+            return pickle.loads(value)  # noqa: S301 - verified with its record
+    except Exception as exc:
+        raise unpickling_failed(exc, "a value") from exc
     return value  # a "cut" length
