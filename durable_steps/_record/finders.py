@@ -2,7 +2,7 @@
 
 A finder compares the live state with the last commit's (see
 :mod:`durable_steps._record.format2` for what becomes of its records): JSON states
-with :class:`~durable_steps._record.delta.Tracker`'s ops, at any depth; pickle states
+with :class:`~durable_steps._record.tracker.Tracker`'s ops, at any depth; pickle states
 at top-level granularity, each value as its own pickle. A small state is
 written whole instead; its finder then keeps only that record.
 """
@@ -12,7 +12,7 @@ from __future__ import annotations
 import io
 import pickle
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from ..errors import SerializationError
@@ -24,7 +24,9 @@ from ..serializers import (
     plain_json,
     unpickling_failed,
 )
-from .delta import Tracker, apply, snapshot
+from .identity import taken
+from .ops import apply
+from .tracker import Tracker
 
 if TYPE_CHECKING:
     from ..serializers import Serializer
@@ -89,22 +91,6 @@ class Finder:
         raise NotImplementedError
 
 
-def _taken(shadow: Any, ops: list[list[Any]]) -> Iterator[Any]:
-    """The committed values ``ops`` replace, delete or cut off (for ``removed``)."""
-    for op in ops:
-        kind, path = op[0], op[1]
-        if kind == "ext" or not path:
-            continue
-        parent = shadow
-        for step in path[:-1]:
-            parent = parent[step]
-        last = path[-1]
-        if kind == "cut":
-            yield parent[last][op[2] :]
-        elif type(parent) is list or last in parent:  # not a new key
-            yield parent[last]
-
-
 def _encoded_size(value: Any) -> int:
     return len(_COMPACT_JSON.encode(value))
 
@@ -119,14 +105,35 @@ class JSONFinder(Finder):
         self._tracker: Tracker | None = Tracker(committed)
 
     def _tracked(self) -> Tracker:
-        if self._tracker is None:
-            self._tracker, self._record = Tracker(self.committed()), None
+        if self._tracker is None:  # out of the small mode: its record is a copy, not the state
+            self._tracker, self._record = Tracker(self.committed(), live=False), None
         return self._tracker
 
     def changes(self, state: Any) -> list[list[Any]]:
+        """The ops since the last commit, refused (``SerializationError``)
+        exactly where a small state's whole check would refuse them (guarantee
+        9 at every size): each changed value is checked where it sits, and a
+        container put at a second path is found by the tracker's pairs
+        (:mod:`~durable_steps._record.identity`); either way the error is
+        ``check_json(state)``'s, as a small state's is.
+        """
         tracker = self._tracked()
         ops = tracker.changes(state)
-        self.removed = sum(map(_encoded_size, _taken(tracker._shadow, ops)))
+        self.removed = sum(map(_encoded_size, taken(tracker._shadow, ops)))
+        try:
+            if not tracker.paired:  # nothing to tell an alias by: the small check, once
+                check_json(state)
+            self._check(ops, state)
+        except SerializationError:
+            check_json(state)  # the whole check's error, naming the same path
+            raise  # what only a value's own check sees (none known): its error
+        if tracker.aliased(ops):
+            check_json(state)  # raises, naming the second path (as a small state's)
+        return ops
+
+    @staticmethod
+    def _check(ops: list[list[Any]], state: Any) -> None:
+        """Check each value ``ops`` set or append where it sits in ``state``."""
         for op in ops:
             if op[0] == "set":
                 value, kind = op[2], type(op[2])
@@ -139,7 +146,6 @@ class JSONFinder(Finder):
                 start = len(target) - len(op[2])
                 for i, value in enumerate(op[2], start):
                     check_json(value, _path_text([*op[1], i]), depth=len(op[1]) + 1)
-        return ops
 
     def encode(self, ops: list[list[Any]], state: Any) -> bytes:
         """A record of ``ops``. The serializer checks them whole again: what a
@@ -168,7 +174,7 @@ class JSONFinder(Finder):
         )
 
     def set_whole(self, record: bytes, state: Any, *, track: bool) -> None:
-        if track:
+        if track:  # the live state, checked whole by whole_record
             self._tracker, self._record = Tracker(state), None
         else:
             self._tracker, self._record = None, record
@@ -180,7 +186,7 @@ class JSONFinder(Finder):
         if self._tracker is None:
             assert self._record is not None
             return self.ops(self._record)[0][2]
-        return snapshot(self._tracker._shadow)
+        return self._tracker.committed()
 
     def ops(self, record: bytes) -> list[list[Any]]:
         """A record's ops, values decoded."""

@@ -105,8 +105,8 @@ from .._drivers import GetMany, Protocol, Put
 from ..errors import CheckpointConflict, CorruptCheckpoint
 from ..serializers import _COMPACT_JSON, JSONSerializer, check_json
 from . import checkpoint as ckpt
-from .delta import apply
 from .finders import JOURNAL, JSONFinder, PickleFinder, inner
+from .ops import apply
 
 if TYPE_CHECKING:
     from ..serializers import Serializer
