@@ -68,7 +68,7 @@ Twinned = dict[int, Any] | None
 """A :class:`Twins`' ``live`` map, when identities are compared too (see :func:`_alike`)."""
 
 
-def _alike(olds: list[Any], news: list[Any], twins: Twinned = None) -> bool:
+def _alike(olds: list[Any], news: list[Any], seen: Seen | None = None) -> bool:
     """Whether every ``olds[i]`` is the same JSON value as ``news[i]``.
 
     The same means equal, of the same types, dicts with their keys in the
@@ -84,24 +84,27 @@ def _alike(olds: list[Any], news: list[Any], twins: Twinned = None) -> bool:
     ``repr`` (what JSON writes), dicts the same keys in the same order; their
     items make the next level.
 
-    With ``twins`` (a :class:`~durable_steps._record.identity.Twins`' ``live``
-    map), a container is alike only if it is the very live container its
-    shadow was copied from, and a key only if it is the shadow's key object
-    or an exact ``str``: an equal alias, a copy or a ``StrEnum`` key is a
-    change for the finder to look at (see :mod:`~durable_steps._record.identity`).
+    Keys are alike only if they are the shadow's key objects or exact
+    ``str``: an equal ``StrEnum`` key is a change (for the JSON check to
+    refuse). With ``seen`` pairing the shadow (see
+    :mod:`~durable_steps._record.identity`), a container that is not the very
+    live container its shadow was copied from (a copy, an equal alias) is
+    noted in ``seen.moved`` on the way, in the same C-level passes, and is
+    still alike: a history rebuilt as equal new dicts every step (as
+    pydantic-ai's is) must not be written whole every step.
     """
     if olds != news:
         return False
     # A few hundred items at a time: their levels stay in the CPU's cache
     # (level by level over 10,000 nested messages at once is twice as slow).
-    return all(map(_alike_levels, _chunks(olds), _chunks(news), repeat(twins)))
+    return all(map(_alike_levels, _chunks(olds), _chunks(news), repeat(seen)))
 
 
 def _chunks(items: list[Any]) -> Iterator[list[Any]]:
     return (items[i : i + _CHUNK] for i in range(0, len(items), _CHUNK))
 
 
-def _alike_levels(a: list[Any], b: list[Any], twins: Twinned) -> bool:
+def _alike_levels(a: list[Any], b: list[Any], seen: Seen | None) -> bool:
     """:func:`_alike` for pairs already known equal (``==``), level by level."""
     while a:
         kept = list(map(is_not, a, b))
@@ -119,7 +122,7 @@ def _alike_levels(a: list[Any], b: list[Any], twins: Twinned) -> bool:
             else:
                 mask = list(map(is_, types, repeat(kind)))
                 ka, kb = list(compress(a, mask)), list(compress(b, mask))
-            if not _alike_kind(kind, ka, kb, below_a, below_b, twins=twins):
+            if not _alike_kind(kind, ka, kb, below_a, below_b, seen=seen):
                 return False
         a, b = below_a, below_b
     return True
@@ -132,15 +135,17 @@ def _alike_kind(
     below_a: list[Any],
     below_b: list[Any],
     *,
-    twins: Twinned,
+    seen: Seen | None,
 ) -> bool:
     """One level of :func:`_alike` for pairs of equal (``==``) values of type
     ``kind``: whether they can still be the same; their items go below.
     """
     if kind is float:
         return list(map(repr, a)) == list(map(repr, b))
-    if twins is not None and not all(map(is_, map(twins.get, map(id, a)), b)):
-        return False  # a container that is not its shadow's twin (a copy, an alias)
+    if seen is not None and seen.twins is not None:
+        odd = list(map(is_not, map(seen.twins.get, map(id, a)), b))
+        if any(odd):  # containers that are not their shadow's twins (copies, aliases)
+            seen.note(compress(a, odd), compress(b, odd))
     if kind is dict:  # equal dicts: the same keys; in the same order?
         keys = list(chain.from_iterable(b))
         known = list(chain.from_iterable(a))
@@ -163,7 +168,9 @@ def _same_keys(known: list[Any], keys: list[Any]) -> bool:
     return all(map(is_, known, keys)) or set(map(type, keys)) <= {str}
 
 
-def _differ(olds: list[Any], news: list[Any], start: int = 0, twins: Twinned = None) -> list[int]:
+def _differ(
+    olds: list[Any], news: list[Any], start: int = 0, seen: Seen | None = None
+) -> list[int]:
     """The indexes (plus ``start``) where ``olds`` and ``news`` are not alike.
 
     Halving: an unchanged run of items costs one :func:`_alike` over it,
@@ -173,19 +180,19 @@ def _differ(olds: list[Any], news: list[Any], start: int = 0, twins: Twinned = N
         return [
             start + i
             for i, (old, new) in enumerate(zip(olds, news, strict=True))
-            if not _same(old, new, twins)
+            if not _same(old, new, seen)
         ]
-    if _alike(olds, news, twins):
+    if _alike(olds, news, seen):
         return []
     mid = len(olds) // 2
-    return _differ(olds[:mid], news[:mid], start, twins) + _differ(
-        olds[mid:], news[mid:], start + mid, twins
+    return _differ(olds[:mid], news[:mid], start, seen) + _differ(
+        olds[mid:], news[mid:], start + mid, seen
     )
 
 
-def _same(old: Any, new: Any, twins: Twinned = None) -> bool:
+def _same(old: Any, new: Any, seen: Seen | None = None) -> bool:
     """``old`` and ``new`` are the same JSON value (see :func:`_alike`)."""
-    return old is new or _alike([old], [new], twins)
+    return old is new or _alike([old], [new], seen)
 
 
 class _Index:
@@ -230,19 +237,20 @@ class _Index:
         del self.sizes[n:], self.keys[end:], self.values[end:]
         self.n, self.ended = n, False
 
-    def covered(self, live: list[Any], twins: Twinned = None) -> int:
+    def covered(self, live: list[Any], seen: Seen | None = None) -> int:
         """How many leading items of ``live`` (at most ``n``) are alike ``source``'s.
 
         Not all or nothing: an agent that edits its last message every step
-        must still have the messages before it vouched for. With ``twins``, a
-        message is vouched for only if it is its shadow's twin (see :func:`_alike`).
+        must still have the messages before it vouched for. With ``seen``, a
+        message that is not its shadow's twin is noted (see :func:`_alike`).
         """
         kinds = list(map(is_, map(type, live), repeat(dict)))
         k = kinds.index(False) if not all(kinds) else len(live)
-        if twins is not None:
-            same = list(map(is_, map(twins.get, map(id, self.source[:k])), live[:k]))
-            if not all(same):
-                k = same.index(False)
+        if seen is not None and seen.twins is not None:
+            source = self.source if k == len(self.source) else self.source[:k]
+            odd = list(map(is_not, map(seen.twins.get, map(id, source)), live))
+            if any(odd):
+                seen.note(compress(source, odd), compress(live, odd))
         sizes = self.sizes if k == self.n else self.sizes[:k]
         lens = list(map(len, live[:k]))
         if lens != sizes:
@@ -261,7 +269,7 @@ class _Index:
         shadow = self.values if end == len(self.values) else self.values[:end]
         moved = list(map(is_not, shadow, values))
         if any(moved):  # else the usual case: every value is the leaf the shadow shares
-            differ = _differ(list(compress(shadow, moved)), list(compress(values, moved)), 0, twins)
+            differ = _differ(list(compress(shadow, moved)), list(compress(values, moved)), 0, seen)
             if differ:
                 end = min(end, list(compress(range(end), moved))[differ[0]])
         return bisect_right(ends, end) if end < total else k
@@ -271,7 +279,9 @@ Indexes = dict[int, _Index]
 """A :class:`Tracker`'s indexes, by ``id`` of the shadow list (each holds its list)."""
 
 
-def _indexed(old: list[Any], new: list[Any], indexes: Indexes | None, twins: Twinned = None) -> int:
+def _indexed(
+    old: list[Any], new: list[Any], indexes: Indexes | None, seen: Seen | None = None
+) -> int:
     """How many leading items of ``new`` an index shows alike ``old``'s (0: none known)."""
     if indexes is None or len(old) < _INDEX_FROM:
         return 0
@@ -281,7 +291,7 @@ def _indexed(old: list[Any], new: list[Any], indexes: Indexes | None, twins: Twi
     elif index.n < len(old):
         index.extend()
     k = min(index.n, len(new))
-    return index.covered(new[:k], twins) if k else 0
+    return index.covered(new[:k], seen) if k else 0
 
 
 class Seen:
@@ -293,7 +303,13 @@ class Seen:
 
     def __init__(self, indexes: Indexes | None, twins: Twinned = None) -> None:
         self.indexes, self.twins = indexes, twins
-        self.moved: list[tuple[Any, Any]] = []
+        self.moved: dict[int, tuple[Any, Any]] = {}
+        """By ``id`` of the shadow container: a pair is met again when halving."""
+
+    def note(self, olds: Iterator[Any], news: Iterator[Any]) -> None:
+        """Positions whose live container is not the twin of the shadow's ``olds``."""
+        for old, new in zip(olds, news, strict=True):
+            self.moved[id(old)] = (old, new)
 
 
 def diff(old: Any, new: Any, indexes: Indexes | None = None) -> list[list[Any]]:
@@ -310,7 +326,7 @@ def find(old: Any, new: Any, seen: Seen) -> list[list[Any]]:
     # With indexes, into a container root at once (it finds no ops when nothing
     # changed), so that its long lists are checked through them, not with the rest.
     into = seen.indexes is not None and type(old) is type(new) and type(new) in (dict, list)
-    if into or not _same(old, new, seen.twins):
+    if into or not _same(old, new, seen):
         _diff(old, new, [], ops, 0, seen=seen)
     return ops
 
@@ -326,7 +342,7 @@ def _diff(old: Any, new: Any, path: Path, ops: list[list[Any]], depth: int, *, s
     else:
         whole = _diff_list(old, new, path, ops, depth, seen=seen)
     if not whole and seen.twins is not None and seen.twins.get(id(old)) is not new:
-        seen.moved.append((old, new))  # a copy, or an alias: see _record.identity
+        seen.moved[id(old)] = (old, new)  # a copy, or an alias: see _record.identity
 
 
 def _diff_dict(
@@ -350,7 +366,7 @@ def _diff_dict(
         if key not in new:
             ops.append(["del", [*path, key]])
     deep = depth + 1 >= _MAX_DEPTH  # a changed value goes whole there: no index to look through
-    for key in _changed_keys(old, new, kept, None if deep else seen.indexes, seen.twins):
+    for key in _changed_keys(old, new, kept, None if deep else seen.indexes, seen):
         _diff(old[key], new[key], [*path, key], ops, depth + 1, seen=seen)
     for key in list(new)[len(kept) :]:  # the new keys, after the kept ones (checked above)
         ops.append(["set", [*path, key], new[key]])
@@ -362,7 +378,7 @@ def _changed_keys(
     new: dict[str, Any],
     kept: list[str],
     indexes: Indexes | None,
-    twins: Twinned,
+    seen: Seen,
 ) -> list[str]:
     """The keys of ``kept`` whose values changed, in order: the other values
     checked together (:func:`_differ`); long lists always, as :func:`_diff_list`
@@ -376,10 +392,10 @@ def _changed_keys(
             if type(old[k]) is list and type(new[k]) is list and len(old[k]) >= _INDEX_FROM
         }
     if not long:
-        changed = _differ([old[k] for k in kept], [new[k] for k in kept], 0, twins)
+        changed = _differ([old[k] for k in kept], [new[k] for k in kept], 0, seen)
         return [kept[i] for i in changed]
     rest = [k for k in kept if k not in long]
-    found = {rest[i] for i in _differ([old[k] for k in rest], [new[k] for k in rest], 0, twins)}
+    found = {rest[i] for i in _differ([old[k] for k in rest], [new[k] for k in rest], 0, seen)}
     found.update(long)  # _diff_list finds their changes through the index, or none
     return [k for k in kept if k in found]
 
@@ -395,8 +411,8 @@ def _diff_list(
 ) -> bool:
     """The ops for two lists; whether it set the whole ``new``."""
     common = min(len(old), len(new))
-    start = min(_indexed(old, new, seen.indexes, seen.twins), common)  # an index vouches for these
-    changed = _differ(old[start:common], new[start:common], start, seen.twins)
+    start = min(_indexed(old, new, seen.indexes, seen), common)  # an index vouches for these
+    changed = _differ(old[start:common], new[start:common], start, seen)
     if len(changed) > 8 and len(changed) * 2 > common:  # rewritten, not edited: send it whole
         ops.append(["set", list(path), new])
         return True

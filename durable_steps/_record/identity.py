@@ -21,10 +21,12 @@ position, its twin's. A commit then
 
 1. compares identities where it already compares values, in the same C-level
    passes (``_alike``, the index): a position whose live container is not its
-   twin's (re-identified: a copy, an equal alias) counts as changed, so the
-   finder drills down to it; there it is *moved*: ``(shadow, new live)``,
-   with or without an op. That costs three C calls per container, not a walk
-   in Python; the Python work stays per level and per change;
+   twin (re-identified: a copy, an equal alias) is noted as *moved*,
+   ``(shadow, new live)``; its value is compared as before, so the ops do not
+   change (a history rebuilt as equal new dicts every step, as pydantic-ai's
+   is, is still written as its append). That costs three C calls per
+   container, not a walk in Python; the Python work stays per level and per
+   change (per re-identified container: what the step itself rebuilt);
 2. collects the containers now at positions the last commit did not have them
    at (*fresh*): those in the ops' values (set, appended) and the moved ones.
    That is proportional to the change;

@@ -44,7 +44,7 @@ class Tracker:
         """The ops that turn the last committed state into ``state``."""
         seen = Seen(self._indexes, self._twins.live if self.paired else None)
         ops = find(self._shadow, state, seen)
-        self._moved, self._live = seen.moved, None if self.paired else state
+        self._moved, self._live = list(seen.moved.values()), None if self.paired else state
         return ops
 
     def aliased(self, ops: list[list[Any]]) -> bool:
