@@ -246,6 +246,20 @@ def _pickled(value: Any) -> bytes:
     return _PICKLER.dumps(value)
 
 
+def _compared(value: Any) -> bytes:
+    """``value``'s bytes for telling whether it changed since the last commit,
+    never stored: the standard pickler where it can (three times faster per
+    small value than even a reused cloudpickle pickler, and the finder pickles
+    every item of a top-level list at every commit), else cloudpickle's.
+    Deterministic per value, which is all a comparison needs; in this process
+    they unpickle to the committed state (a retry's), ``__main__`` included.
+    """
+    try:
+        return pickle.dumps(value, pickle.HIGHEST_PROTOCOL)
+    except Exception:
+        return _pickled(value)
+
+
 def _pickled_or_named(value: Any) -> bytes:
     """:func:`_pickled`, or the serializer's error naming what cannot be pickled."""
     try:
@@ -265,12 +279,19 @@ class PickleFinder(Finder):
 
     Objects shared between top-level values (or list items) are pickled apart,
     so after a resume they are equal copies, not one object.
+
+    Two pickles of a changed value: what the cache compares (:func:`_compared`,
+    every value at every commit) and what a record stores (:func:`_pickled`,
+    cloudpickle, only for what changed): the cheap pickler to find the change,
+    cloudpickle's guarantees for every byte written. :meth:`commit` moves the
+    cache forward by the comparison bytes of the same ops (``_pending``).
     """
 
     def __init__(self, serializer: Serializer, committed: Any) -> None:
         self.serializer = serializer
         self.cache: dict[Any, bytes | list[bytes]] | bytes | None = {}
         self._root: Any = None  # the state of the last changes(), for a root set
+        self._pending: list[list[Any]] = []  # the last changes() with comparison bytes
         self._load_cache(committed)
 
     def _cached(self) -> dict[Any, bytes | list[bytes]] | bytes:
@@ -283,11 +304,11 @@ class PickleFinder(Finder):
     def _load_cache(self, state: Any) -> None:
         if type(state) is dict:
             self.cache = {
-                k: [_pickled(x) for x in v] if type(v) is list else _pickled(v)
+                k: [_compared(x) for x in v] if type(v) is list else _compared(v)
                 for k, v in state.items()
             }
         else:
-            self.cache = _pickled(state)
+            self.cache = _compared(state)
 
     def changes(self, state: Any) -> list[list[Any]]:
         from ..serializers import PickleSerializer
@@ -313,40 +334,45 @@ class PickleFinder(Finder):
 
     def _ops(self, state: Any) -> list[list[Any]]:
         cache = self._cached()
-        self._root = state
+        self._root, self._pending = state, []
         if type(state) is not dict or not isinstance(cache, dict):
-            whole = _pickled(state)
-            return [] if whole == cache else [["set", [], whole]]
+            return [] if _compared(state) == cache else [["set", [], _pickled(state)]]
         kept = [k for k in cache if k in state]
         if list(state)[: len(kept)] != kept:  # reordered: only the whole keeps the order
             return [["set", [], _pickled(state)]]
         ops: list[list[Any]] = [["del", [k]] for k in cache if k not in state]
+        pending = list(ops)
         removed = sum(_pickled_size(cache[k]) for k in cache if k not in state)
         for key, value in state.items():
             old = cache.get(key)
             if type(value) is list and isinstance(old, list):
-                items = [_pickled(x) for x in value]
+                items = [_compared(x) for x in value]
                 if len(items) < len(old):
                     ops.append(["cut", [key], len(items)])
+                    pending.append(ops[-1])
                     removed += sum(map(len, old[len(items) :]))
                 edits = [i for i, b in enumerate(items[: len(old)]) if b != old[i]]
-                ops += [["set", [key, i], items[i]] for i in edits]
+                ops += [["set", [key, i], _pickled(value[i])] for i in edits]
+                pending += [["set", [key, i], items[i]] for i in edits]
                 removed += sum(len(old[i]) for i in edits)
                 if len(items) > len(old):
-                    ops.append(["ext", [key], items[len(old) :]])
+                    ops.append(["ext", [key], [_pickled(x) for x in value[len(old) :]]])
+                    pending.append(["ext", [key], items[len(old) :]])
             else:
-                blob = [_pickled(x) for x in value] if type(value) is list else _pickled(value)
+                blob = [_compared(x) for x in value] if type(value) is list else _compared(value)
                 if blob != old:
-                    ops.append(["set", [key], blob])
+                    stored = [_pickled(x) for x in value] if type(value) is list else None
+                    ops.append(["set", [key], _pickled(value) if stored is None else stored])
+                    pending.append(["set", [key], blob])
                     removed += 0 if old is None else _pickled_size(old)
-        self.removed = removed
+        self.removed, self._pending = removed, pending
         return ops
 
     def commit(self, ops: list[list[Any]]) -> None:
         if ops and ops[0][:2] == ["set", []]:  # a new root: cached per key from now on
             self._load_cache(self._root)
-        elif ops:
-            self.cache = apply(self._cached(), _copy_ops(ops))
+        elif ops:  # by the comparison bytes of the same ops
+            self.cache = apply(self._cached(), _copy_ops(self._pending))
 
     def committed(self) -> Any:
         cache = self.cache
