@@ -79,7 +79,9 @@ whole is its tail), so the encodes a collapse costs stay proportional to
 the change. A state that shrank below ``WHOLE_UP_TO`` (a transcript the
 agent compacted) is written whole again at once: the finders report the
 encoded size of what each change replaced, deleted or cut off, so the
-state's size is known, roughly, without encoding it.
+state's size is known, roughly, without encoding it. After a resume only a
+bound is known (the parts' size), so the first commit that takes anything
+out encodes the state once (see :meth:`Parts.bound`).
 
 Intent writes, failures and releases rewrite the head with the unchanged
 tail (no re-encode). A renewal of a long step first flushes a tail over 2 KB

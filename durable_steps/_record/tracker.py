@@ -128,6 +128,7 @@ class Tracker:
         if self.paired:
             self._twins.clear()
             self._twins.pair_alike(self._shadow, copy)
+        self._moved = []
         return copy
 
 
