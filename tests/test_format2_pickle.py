@@ -78,6 +78,7 @@ def _started_as_a_script(home: Path, env: dict[str, str]) -> None:
     assert killed.returncode == -9, killed.stderr
 
 
+@pytest.mark.slow  # two processes, and a worker polling the store
 @pytest.mark.parametrize("durable_target", ["local", ONE_S3], indirect=True)
 def test_a_run_started_as_a_script_is_resumed_by_a_worker_importing_it(
     durable_target: StoreTarget, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
@@ -229,6 +230,7 @@ def _compact_child(target: StoreTarget, run: str, crash: str | None) -> Any:
     return json.loads(done.stdout)
 
 
+@pytest.mark.slow  # three child runs of 30 steps each
 @pytest.mark.parametrize(
     ("durable_target", "crash"),
     [
