@@ -293,7 +293,22 @@ class PickleSerializer:
             # even a 100,000-deep state loads; any failure is corruption.
             return pickle.loads(data)  # noqa: S301 - documented; sign to refuse foreign bytes
         except Exception as exc:
-            raise CorruptCheckpoint(f"the state cannot be unpickled ({exc!r})") from exc
+            raise unpickling_failed(exc, "the state") from exc
+
+
+def unpickling_failed(exc: Exception, what: str) -> CorruptCheckpoint:
+    """The error for pickled bytes (``what``) that do not unpickle: what to do
+    when the cause is a deploy (a class or function moved or renamed), else corruption.
+    """
+    if isinstance(exc, (ImportError, AttributeError)):
+        return CorruptCheckpoint(
+            f"{what} cannot be unpickled ({exc!r}): it refers to a class or function by "
+            "module and name, and that name is gone (moved or renamed since the run was "
+            "saved). Keep it importable under its old name (e.g. an alias `OldName = "
+            "NewName` in the old module) to resume the run, and convert the state in "
+            "Workflow(migrate=...) if it must change."
+        )
+    return CorruptCheckpoint(f"{what} cannot be unpickled ({exc!r})")
 
 
 class SignedSerializer:

@@ -13,7 +13,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from durable_steps._record import delta as _delta
-from durable_steps._record.delta import Tracker, apply, diff, snapshot
+from durable_steps._record.delta import apply, diff, snapshot
+from durable_steps._record.tracker import Tracker
 
 leaves = st.one_of(
     st.none(),

@@ -3,8 +3,8 @@
 An agent's state grows: every turn appends a reply and tool results to a
 list. Writing only the change keeps the bytes of a run proportional to how
 much it produced, not to the square of its length. Nothing is declared by
-the user; :class:`Tracker` compares the live state with a *shadow* of the
-last committed one.
+the user; :class:`~durable_steps._record.tracker.Tracker` compares the live state with
+a *shadow* of the last committed one.
 
 The shadow is a structural copy: every dict and list is copied, every leaf
 (str, int, float, bool, None — JSON has no other) is shared, since leaves are
@@ -55,55 +55,20 @@ from itertools import accumulate, chain, compress, repeat
 from operator import is_, is_not, ne
 from typing import Any
 
-__all__ = ["Tracker", "apply", "diff", "snapshot"]
+from .ops import apply, snapshot
+
+__all__ = ["Indexes", "Seen", "apply", "diff", "find", "snapshot"]
 
 Path = list[str | int]
 _MAX_DEPTH = 64  # below this, a changed value is replaced whole
 _CHUNK = 256  # pairs compared together (see _alike)
 _INDEX_FROM = 64  # lists of dicts this long get an _Index (shorter ones are as fast without)
 _LEAVES = (str, int, float, bool, type(None))
+Twinned = dict[int, Any] | None
+"""A :class:`Twins`' ``live`` map, when identities are compared too (see :func:`_alike`)."""
 
 
-def snapshot(value: Any) -> Any:
-    """A structural copy of ``value``: containers copied, leaves shared."""
-    try:
-        return _snapshot(value)
-    except RecursionError:  # a state nested a few hundred deep (JSON allows 500)
-        return _snapshot_deep(value)
-
-
-def _snapshot(value: Any) -> Any:
-    kind = type(value)
-    if kind is dict:
-        return {k: _snapshot(v) for k, v in value.items()}
-    if kind is list:
-        return [_snapshot(v) for v in value]
-    return value
-
-
-def _snapshot_deep(value: Any) -> Any:
-    """:func:`snapshot` with an explicit stack: any depth, a little slower."""
-    if type(value) is not dict and type(value) is not list:
-        return value
-    root: Any = {} if type(value) is dict else []
-    stack = [(value, root)]
-    while stack:
-        source, copy = stack.pop()
-        pairs = source.items() if type(source) is dict else enumerate(source)
-        for key, item in pairs:
-            kind = type(item)
-            kept: Any = item
-            if kind is dict or kind is list:
-                kept = {} if kind is dict else []
-                stack.append((item, kept))
-            if type(copy) is dict:
-                copy[key] = kept  # in the source's order: keys keep their order
-            else:
-                copy.append(kept)
-    return root
-
-
-def _alike(olds: list[Any], news: list[Any]) -> bool:
+def _alike(olds: list[Any], news: list[Any], seen: Seen | None = None) -> bool:
     """Whether every ``olds[i]`` is the same JSON value as ``news[i]``.
 
     The same means equal, of the same types, dicts with their keys in the
@@ -118,19 +83,28 @@ def _alike(olds: list[Any], news: list[Any]) -> bool:
     pair is done; the others must have the same types, floats the same
     ``repr`` (what JSON writes), dicts the same keys in the same order; their
     items make the next level.
+
+    Keys are alike only if they are the shadow's key objects or exact
+    ``str``: an equal ``StrEnum`` key is a change (for the JSON check to
+    refuse). With ``seen`` pairing the shadow (see
+    :mod:`~durable_steps._record.identity`), a container that is not the very
+    live container its shadow was copied from (a copy, an equal alias) is
+    noted in ``seen.moved`` on the way, in the same C-level passes, and is
+    still alike: a history rebuilt as equal new dicts every step (as
+    pydantic-ai's is) must not be written whole every step.
     """
     if olds != news:
         return False
     # A few hundred items at a time: their levels stay in the CPU's cache
     # (level by level over 10,000 nested messages at once is twice as slow).
-    return all(map(_alike_levels, _chunks(olds), _chunks(news)))
+    return all(map(_alike_levels, _chunks(olds), _chunks(news), repeat(seen)))
 
 
 def _chunks(items: list[Any]) -> Iterator[list[Any]]:
     return (items[i : i + _CHUNK] for i in range(0, len(items), _CHUNK))
 
 
-def _alike_levels(a: list[Any], b: list[Any]) -> bool:
+def _alike_levels(a: list[Any], b: list[Any], seen: Seen | None) -> bool:
     """:func:`_alike` for pairs already known equal (``==``), level by level."""
     while a:
         kept = list(map(is_not, a, b))
@@ -148,22 +122,34 @@ def _alike_levels(a: list[Any], b: list[Any]) -> bool:
             else:
                 mask = list(map(is_, types, repeat(kind)))
                 ka, kb = list(compress(a, mask)), list(compress(b, mask))
-            if not _alike_kind(kind, ka, kb, below_a, below_b):
+            if not _alike_kind(kind, ka, kb, below_a, below_b, seen=seen):
                 return False
         a, b = below_a, below_b
     return True
 
 
 def _alike_kind(
-    kind: type, a: list[Any], b: list[Any], below_a: list[Any], below_b: list[Any]
+    kind: type,
+    a: list[Any],
+    b: list[Any],
+    below_a: list[Any],
+    below_b: list[Any],
+    *,
+    seen: Seen | None,
 ) -> bool:
     """One level of :func:`_alike` for pairs of equal (``==``) values of type
     ``kind``: whether they can still be the same; their items go below.
     """
     if kind is float:
         return list(map(repr, a)) == list(map(repr, b))
+    if seen is not None and seen.twins is not None:
+        odd = list(map(is_not, map(seen.twins.get, map(id, a)), b))
+        if any(odd):  # containers that are not their shadow's twins (copies, aliases)
+            seen.note(compress(a, odd), compress(b, odd))
     if kind is dict:  # equal dicts: the same keys; in the same order?
-        if list(chain.from_iterable(a)) != list(chain.from_iterable(b)):
+        keys = list(chain.from_iterable(b))
+        known = list(chain.from_iterable(a))
+        if known != keys or not _same_keys(known, keys):
             return False
         # Views made and dropped one at a time: thousands alive at once would
         # wake the garbage collector, which walks the whole state.
@@ -177,7 +163,14 @@ def _alike_kind(
     return True
 
 
-def _differ(olds: list[Any], news: list[Any], start: int = 0) -> list[int]:
+def _same_keys(known: list[Any], keys: list[Any]) -> bool:
+    """Equal keys (``==``) that are the shadow's own key objects, or exact ``str``."""
+    return all(map(is_, known, keys)) or set(map(type, keys)) <= {str}
+
+
+def _differ(
+    olds: list[Any], news: list[Any], start: int = 0, seen: Seen | None = None
+) -> list[int]:
     """The indexes (plus ``start``) where ``olds`` and ``news`` are not alike.
 
     Halving: an unchanged run of items costs one :func:`_alike` over it,
@@ -185,17 +178,21 @@ def _differ(olds: list[Any], news: list[Any], start: int = 0) -> list[int]:
     """
     if len(olds) <= 4:  # one pass each is as cheap as one over all
         return [
-            start + i for i, pair in enumerate(zip(olds, news, strict=True)) if not _same(*pair)
+            start + i
+            for i, (old, new) in enumerate(zip(olds, news, strict=True))
+            if not _same(old, new, seen)
         ]
-    if _alike(olds, news):
+    if _alike(olds, news, seen):
         return []
     mid = len(olds) // 2
-    return _differ(olds[:mid], news[:mid], start) + _differ(olds[mid:], news[mid:], start + mid)
+    return _differ(olds[:mid], news[:mid], start, seen) + _differ(
+        olds[mid:], news[mid:], start + mid, seen
+    )
 
 
-def _same(old: Any, new: Any) -> bool:
+def _same(old: Any, new: Any, seen: Seen | None = None) -> bool:
     """``old`` and ``new`` are the same JSON value (see :func:`_alike`)."""
-    return old is new or _alike([old], [new])
+    return old is new or _alike([old], [new], seen)
 
 
 class _Index:
@@ -240,14 +237,20 @@ class _Index:
         del self.sizes[n:], self.keys[end:], self.values[end:]
         self.n, self.ended = n, False
 
-    def covered(self, live: list[Any]) -> int:
+    def covered(self, live: list[Any], seen: Seen | None = None) -> int:
         """How many leading items of ``live`` (at most ``n``) are alike ``source``'s.
 
         Not all or nothing: an agent that edits its last message every step
-        must still have the messages before it vouched for.
+        must still have the messages before it vouched for. With ``seen``, a
+        message that is not its shadow's twin is noted (see :func:`_alike`).
         """
         kinds = list(map(is_, map(type, live), repeat(dict)))
         k = kinds.index(False) if not all(kinds) else len(live)
+        if seen is not None and seen.twins is not None:
+            source = self.source if k == len(self.source) else self.source[:k]
+            odd = list(map(is_not, map(seen.twins.get, map(id, source)), live))
+            if any(odd):
+                seen.note(compress(source, odd), compress(live, odd))
         sizes = self.sizes if k == self.n else self.sizes[:k]
         lens = list(map(len, live[:k]))
         if lens != sizes:
@@ -260,11 +263,13 @@ class _Index:
         known = self.keys if end == len(self.keys) else self.keys[:end]
         if keys != known:  # an item's keys differ: it, and what follows, are not vouched for
             end = list(map(ne, keys, known)).index(True)
+        elif not _same_keys(known, keys):  # an equal key of another type (a StrEnum's)
+            end = next(i for i, key in enumerate(keys) if type(key) is not str)
         values = list(chain.from_iterable(map(dict.values, live)))[:end]
         shadow = self.values if end == len(self.values) else self.values[:end]
         moved = list(map(is_not, shadow, values))
         if any(moved):  # else the usual case: every value is the leaf the shadow shares
-            differ = _differ(list(compress(shadow, moved)), list(compress(values, moved)))
+            differ = _differ(list(compress(shadow, moved)), list(compress(values, moved)), 0, seen)
             if differ:
                 end = min(end, list(compress(range(end), moved))[differ[0]])
         return bisect_right(ends, end) if end < total else k
@@ -274,7 +279,9 @@ Indexes = dict[int, _Index]
 """A :class:`Tracker`'s indexes, by ``id`` of the shadow list (each holds its list)."""
 
 
-def _indexed(old: list[Any], new: list[Any], indexes: Indexes | None) -> int:
+def _indexed(
+    old: list[Any], new: list[Any], indexes: Indexes | None, seen: Seen | None = None
+) -> int:
     """How many leading items of ``new`` an index shows alike ``old``'s (0: none known)."""
     if indexes is None or len(old) < _INDEX_FROM:
         return 0
@@ -284,7 +291,25 @@ def _indexed(old: list[Any], new: list[Any], indexes: Indexes | None) -> int:
     elif index.n < len(old):
         index.extend()
     k = min(index.n, len(new))
-    return index.covered(new[:k]) if k else 0
+    return index.covered(new[:k], seen) if k else 0
+
+
+class Seen:
+    """What a finding looks through (the indexes, the twins) and what it found
+    besides ops: the positions whose live container is not its twin (``moved``).
+    """
+
+    __slots__ = ("indexes", "moved", "twins")
+
+    def __init__(self, indexes: Indexes | None, twins: Twinned = None) -> None:
+        self.indexes, self.twins = indexes, twins
+        self.moved: dict[int, tuple[Any, Any]] = {}
+        """By ``id`` of the shadow container: a pair is met again when halving."""
+
+    def note(self, olds: Iterator[Any], news: Iterator[Any]) -> None:
+        """Positions whose live container is not the twin of the shadow's ``olds``."""
+        for old, new in zip(olds, news, strict=True):
+            self.moved[id(old)] = (old, new)
 
 
 def diff(old: Any, new: Any, indexes: Indexes | None = None) -> list[list[Any]]:
@@ -293,27 +318,31 @@ def diff(old: Any, new: Any, indexes: Indexes | None = None) -> list[list[Any]]:
     ``indexes`` (a :class:`Tracker`'s) lets long lists of dicts in ``old`` be
     checked through their :class:`_Index`; the ops are the same without it.
     """
+    return find(old, new, Seen(indexes))
+
+
+def find(old: Any, new: Any, seen: Seen) -> list[list[Any]]:
     ops: list[list[Any]] = []
     # With indexes, into a container root at once (it finds no ops when nothing
     # changed), so that its long lists are checked through them, not with the rest.
-    into = indexes is not None and type(old) is type(new) and type(new) in (dict, list)
-    if into or not _same(old, new):
-        _diff(old, new, [], ops, 0, indexes=indexes)
+    into = seen.indexes is not None and type(old) is type(new) and type(new) in (dict, list)
+    if into or not _same(old, new, seen):
+        _diff(old, new, [], ops, 0, seen=seen)
     return ops
 
 
-def _diff(
-    old: Any, new: Any, path: Path, ops: list[list[Any]], depth: int, *, indexes: Indexes | None
-) -> None:
+def _diff(old: Any, new: Any, path: Path, ops: list[list[Any]], depth: int, *, seen: Seen) -> None:
     """The ops for ``old`` and ``new``, known not to be the same (:func:`_same`)."""
     kind = type(new)
     if type(old) is not kind or depth >= _MAX_DEPTH or kind not in (dict, list):
         ops.append(["set", list(path), new])
         return
     if kind is dict:
-        _diff_dict(old, new, path, ops, depth, indexes=indexes)
+        whole = _diff_dict(old, new, path, ops, depth, seen=seen)
     else:
-        _diff_list(old, new, path, ops, depth, indexes=indexes)
+        whole = _diff_list(old, new, path, ops, depth, seen=seen)
+    if not whole and seen.twins is not None and seen.twins.get(id(old)) is not new:
+        seen.moved[id(old)] = (old, new)  # a copy, or an alias: see _record.identity
 
 
 def _diff_dict(
@@ -323,27 +352,33 @@ def _diff_dict(
     ops: list[list[Any]],
     depth: int,
     *,
-    indexes: Indexes | None,
-) -> None:
+    seen: Seen,
+) -> bool:
+    """The ops for two dicts; whether it set the whole ``new``."""
     kept = [k for k in old if k in new]
     if list(new)[: len(kept)] != kept or not set(map(type, new)) <= {str}:
         # Reordered, or a key added between old ones: a new key is appended at
         # the end on replay, so only the whole value keeps this order. A key
         # that is not exactly a str goes whole too, for the JSON check to see.
         ops.append(["set", list(path), new])
-        return
+        return True
     for key in old:
         if key not in new:
             ops.append(["del", [*path, key]])
     deep = depth + 1 >= _MAX_DEPTH  # a changed value goes whole there: no index to look through
-    for key in _changed_keys(old, new, kept, None if deep else indexes):
-        _diff(old[key], new[key], [*path, key], ops, depth + 1, indexes=indexes)
+    for key in _changed_keys(old, new, kept, None if deep else seen.indexes, seen):
+        _diff(old[key], new[key], [*path, key], ops, depth + 1, seen=seen)
     for key in list(new)[len(kept) :]:  # the new keys, after the kept ones (checked above)
         ops.append(["set", [*path, key], new[key]])
+    return False
 
 
 def _changed_keys(
-    old: dict[str, Any], new: dict[str, Any], kept: list[str], indexes: Indexes | None
+    old: dict[str, Any],
+    new: dict[str, Any],
+    kept: list[str],
+    indexes: Indexes | None,
+    seen: Seen,
 ) -> list[str]:
     """The keys of ``kept`` whose values changed, in order: the other values
     checked together (:func:`_differ`); long lists always, as :func:`_diff_list`
@@ -357,12 +392,12 @@ def _changed_keys(
             if type(old[k]) is list and type(new[k]) is list and len(old[k]) >= _INDEX_FROM
         }
     if not long:
-        return [kept[i] for i in _differ([old[k] for k in kept], [new[k] for k in kept])]
-    assert indexes is not None
+        changed = _differ([old[k] for k in kept], [new[k] for k in kept], 0, seen)
+        return [kept[i] for i in changed]
     rest = [k for k in kept if k not in long]
-    changed = {rest[i] for i in _differ([old[k] for k in rest], [new[k] for k in rest])}
-    changed.update(long)  # _diff_list finds their changes through the index, or none
-    return [k for k in kept if k in changed]
+    found = {rest[i] for i in _differ([old[k] for k in rest], [new[k] for k in rest], 0, seen)}
+    found.update(long)  # _diff_list finds their changes through the index, or none
+    return [k for k in kept if k in found]
 
 
 def _diff_list(
@@ -372,131 +407,19 @@ def _diff_list(
     ops: list[list[Any]],
     depth: int,
     *,
-    indexes: Indexes | None,
-) -> None:
+    seen: Seen,
+) -> bool:
+    """The ops for two lists; whether it set the whole ``new``."""
     common = min(len(old), len(new))
-    start = min(_indexed(old, new, indexes), common)  # an index vouches for these
-    changed = _differ(old[start:common], new[start:common], start)
+    start = min(_indexed(old, new, seen.indexes, seen), common)  # an index vouches for these
+    changed = _differ(old[start:common], new[start:common], start, seen)
     if len(changed) > 8 and len(changed) * 2 > common:  # rewritten, not edited: send it whole
         ops.append(["set", list(path), new])
-        return
+        return True
     if len(new) < len(old):
         ops.append(["cut", list(path), len(new)])
     for i in changed:
-        _diff(old[i], new[i], [*path, i], ops, depth + 1, indexes=indexes)
+        _diff(old[i], new[i], [*path, i], ops, depth + 1, seen=seen)
     if len(new) > len(old):
         ops.append(["ext", list(path), new[len(old) :]])
-
-
-def apply(state: Any, ops: list[list[Any]]) -> Any:
-    """Replay ``ops`` (made by :func:`diff`) on ``state``; return the new root.
-
-    ``state`` is changed in place where it can be; a ``set`` of the root
-    returns the new value. Raises ``ValueError`` for ops that do not fit the
-    state (a damaged record), never anything else.
-    """
-    for op in ops:
-        try:
-            state = _apply_one(state, op)
-        except (KeyError, IndexError, TypeError, ValueError) as exc:
-            raise ValueError(f"change {op[:2]!r} does not fit the state ({exc!r})") from exc
-    return state
-
-
-def _apply_one(state: Any, op: list[Any]) -> Any:  # noqa: PLR0912 - a branch per kind of op
-    kind, path = op[0], op[1]
-    if not isinstance(path, list):
-        raise TypeError("the path is not a list")
-    if kind in ("ext", "cut"):
-        target = state
-        for step in path:
-            target = target[step]
-        if type(target) is not list:
-            raise TypeError(f"{kind} on a value that is not a list")
-        if kind == "ext":
-            target.extend(op[2])
-        elif isinstance(op[2], int) and 0 <= op[2] <= len(target):
-            del target[op[2] :]
-        else:
-            raise ValueError("cut outside the list")
-        return state
-    if kind not in ("set", "del"):
-        raise ValueError(f"unknown change {kind!r}")
-    if not path:
-        if kind == "del":
-            raise ValueError("del needs a path")
-        return op[2]
-    parent = state
-    for step in path[:-1]:
-        parent = parent[step]
-    if kind == "del":
-        del parent[path[-1]]
-    else:
-        parent[path[-1]] = op[2]
-    return state
-
-
-class Tracker:
-    """The shadow of the last committed state, and the change since it.
-
-    ``changes(state)`` returns the ops since the last :meth:`commit`; after the
-    ops are durably written, ``commit(ops)`` moves the shadow forward by the
-    same ops (O(size of the change), not of the state).
-    """
-
-    def __init__(self, committed: Any) -> None:
-        self._shadow = snapshot(committed)
-        self._indexes: Indexes = {}
-
-    def changes(self, state: Any) -> list[list[Any]]:
-        """The ops that turn the last committed state into ``state``."""
-        return diff(self._shadow, state, self._indexes)
-
-    def commit(self, ops: list[list[Any]]) -> None:
-        """Record that ``ops`` are now part of the committed state."""
-        # The ops' values are the live objects: copy them structurally so a
-        # later in-place change to the live state still shows as a change.
-        copied = [[op[0], op[1], snapshot(op[2])] if len(op) > 2 else op for op in ops]
-        self._outdate(ops)
-        self._shadow = apply(self._shadow, copied)
-
-    def _outdate(self, ops: list[list[Any]]) -> None:
-        """Drop the indexes ``ops`` (about to be applied to the shadow) make wrong.
-
-        An append leaves every index right: it covers a prefix. A cut, or a
-        container replaced or removed, drops them all (rebuilt when next
-        needed): the index of a list inside what goes would otherwise be kept
-        alive by it. A leaf set or deleted in a dict the index of the list
-        holding it covers cuts that index short of the dict: an agent that
-        updates its last message every step must not have the whole
-        transcript flattened again every commit. A leaf changed deeper
-        leaves it right: an index holds the shadow's nested containers, not
-        their contents.
-        """
-        indexes = self._indexes
-        for op in ops:
-            if not indexes:
-                return
-            kind, path = op[0], op[1]
-            if kind == "ext":
-                continue
-            if kind not in ("set", "del") or not path:  # a cut, the root replaced
-                indexes.clear()
-                return
-            parent, grand = self._shadow, None
-            for step in path[:-1]:
-                parent, grand = parent[step], parent
-            last = path[-1]
-            replaced = parent[last] if type(parent) is list or last in parent else None
-            if type(replaced) in (dict, list):
-                indexes.clear()
-                return
-            if type(grand) is list:
-                index = indexes.get(id(grand))
-                if index is not None and index.source is grand and path[-2] < index.n:
-                    index.cut(path[-2])
-
-    def reset(self, committed: Any) -> None:
-        """Start over from ``committed`` (after a failed attempt, a resume)."""
-        self._shadow = snapshot(committed)
-        self._indexes.clear()
+    return False

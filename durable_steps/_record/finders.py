@@ -2,20 +2,31 @@
 
 A finder compares the live state with the last commit's (see
 :mod:`durable_steps._record.format2` for what becomes of its records): JSON states
-with :class:`~durable_steps._record.delta.Tracker`'s ops, at any depth; pickle states
+with :class:`~durable_steps._record.tracker.Tracker`'s ops, at any depth; pickle states
 at top-level granularity, each value as its own pickle. A small state is
 written whole instead; its finder then keeps only that record.
 """
 
 from __future__ import annotations
 
+import io
 import pickle
-from collections.abc import Callable, Iterator
+import threading
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from ..errors import SerializationError
-from ..serializers import _COMPACT_JSON, JSONSerializer, SignedSerializer, check_json, plain_json
-from .delta import Tracker, apply, snapshot
+from ..serializers import (
+    _COMPACT_JSON,
+    JSONSerializer,
+    SignedSerializer,
+    check_json,
+    plain_json,
+    unpickling_failed,
+)
+from .identity import taken
+from .ops import apply
+from .tracker import Tracker
 
 if TYPE_CHECKING:
     from ..serializers import Serializer
@@ -80,22 +91,6 @@ class Finder:
         raise NotImplementedError
 
 
-def _taken(shadow: Any, ops: list[list[Any]]) -> Iterator[Any]:
-    """The committed values ``ops`` replace, delete or cut off (for ``removed``)."""
-    for op in ops:
-        kind, path = op[0], op[1]
-        if kind == "ext" or not path:
-            continue
-        parent = shadow
-        for step in path[:-1]:
-            parent = parent[step]
-        last = path[-1]
-        if kind == "cut":
-            yield parent[last][op[2] :]
-        elif type(parent) is list or last in parent:  # not a new key
-            yield parent[last]
-
-
 def _encoded_size(value: Any) -> int:
     return len(_COMPACT_JSON.encode(value))
 
@@ -110,14 +105,35 @@ class JSONFinder(Finder):
         self._tracker: Tracker | None = Tracker(committed)
 
     def _tracked(self) -> Tracker:
-        if self._tracker is None:
-            self._tracker, self._record = Tracker(self.committed()), None
+        if self._tracker is None:  # out of the small mode: its record is a copy, not the state
+            self._tracker, self._record = Tracker(self.committed(), live=False), None
         return self._tracker
 
     def changes(self, state: Any) -> list[list[Any]]:
+        """The ops since the last commit, refused (``SerializationError``)
+        exactly where a small state's whole check would refuse them (guarantee
+        9 at every size): each changed value is checked where it sits, and a
+        container put at a second path is found by the tracker's pairs
+        (:mod:`~durable_steps._record.identity`); either way the error is
+        ``check_json(state)``'s, as a small state's is.
+        """
         tracker = self._tracked()
         ops = tracker.changes(state)
-        self.removed = sum(map(_encoded_size, _taken(tracker._shadow, ops)))
+        self.removed = sum(map(_encoded_size, taken(tracker._shadow, ops)))
+        try:
+            if not tracker.paired:  # nothing to tell an alias by: the small check, once
+                check_json(state)
+            self._check(ops, state)
+        except SerializationError:
+            check_json(state)  # the whole check's error, naming the same path
+            raise  # what only a value's own check sees (none known): its error
+        if tracker.aliased(ops):
+            check_json(state)  # raises, naming the second path (as a small state's)
+        return ops
+
+    @staticmethod
+    def _check(ops: list[list[Any]], state: Any) -> None:
+        """Check each value ``ops`` set or append where it sits in ``state``."""
         for op in ops:
             if op[0] == "set":
                 value, kind = op[2], type(op[2])
@@ -130,7 +146,6 @@ class JSONFinder(Finder):
                 start = len(target) - len(op[2])
                 for i, value in enumerate(op[2], start):
                     check_json(value, _path_text([*op[1], i]), depth=len(op[1]) + 1)
-        return ops
 
     def encode(self, ops: list[list[Any]], state: Any) -> bytes:
         """A record of ``ops``. The serializer checks them whole again: what a
@@ -159,7 +174,7 @@ class JSONFinder(Finder):
         )
 
     def set_whole(self, record: bytes, state: Any, *, track: bool) -> None:
-        if track:
+        if track:  # the live state, checked whole by whole_record
             self._tracker, self._record = Tracker(state), None
         else:
             self._tracker, self._record = None, record
@@ -171,7 +186,7 @@ class JSONFinder(Finder):
         if self._tracker is None:
             assert self._record is not None
             return self.ops(self._record)[0][2]
-        return snapshot(self._tracker._shadow)
+        return self._tracker.committed()
 
     def ops(self, record: bytes) -> list[list[Any]]:
         """A record's ops, values decoded."""
@@ -185,16 +200,64 @@ class JSONFinder(Finder):
         return self.serializer.dumps([[JOURNAL, meta, plain_json(value, path)]])
 
 
+class _Pickler(threading.local):
+    """One cloudpickle pickler per thread, reused for every value.
+
+    Every value of a pickle state is pickled by cloudpickle, as format 1 and
+    base parts are: one encoding per run, with its guarantees (classes and
+    functions of ``__main__`` or of no importable module stored by value), so
+    a run started as ``python agent.py`` resumes in a worker that imports
+    ``agent``, and ``show --state`` decodes it. ``cloudpickle.dumps`` builds a
+    new pickler per call, which costs five times the pickling of a small
+    value; the finder pickles every item of a top-level list at every commit,
+    so one pickler is kept per thread (a step's threads may record journaled
+    calls at once), its memo cleared around each value: the bytes are those
+    of ``cloudpickle.dumps``, and no value is kept alive after its pickle.
+    """
+
+    def __init__(self) -> None:
+        self.pickler: Any = None
+        self.buffer = io.BytesIO()
+
+    def dumps(self, value: Any) -> bytes:
+        if self.pickler is None:
+            import cloudpickle  # only pickle users pay for importing it
+
+            self.pickler = cloudpickle.Pickler(self.buffer, protocol=pickle.HIGHEST_PROTOCOL)
+        buffer, pickler = self.buffer, self.pickler
+        try:
+            pickler.dump(value)
+            return buffer.getvalue()
+        except BaseException:
+            self.pickler = None  # a failed dump may leave it half-way: start afresh
+            raise
+        finally:
+            if self.pickler is not None:
+                pickler.clear_memo()
+            buffer.seek(0)
+            buffer.truncate()
+
+
+_PICKLER = _Pickler()
+
+
 def _pickled(value: Any) -> bytes:
-    """``value``'s pickle: the standard pickler where it can (several times faster
-    per small value), cloudpickle for what only it handles (lambdas, local classes).
+    """``value``'s pickle, as ``cloudpickle.dumps`` makes it (see :class:`_Pickler`)."""
+    return _PICKLER.dumps(value)
+
+
+def _compared(value: Any) -> bytes:
+    """``value``'s bytes for telling whether it changed since the last commit,
+    never stored: the standard pickler where it can (three times faster per
+    small value than even a reused cloudpickle pickler, and the finder pickles
+    every item of a top-level list at every commit), else cloudpickle's.
+    Deterministic per value, which is all a comparison needs; in this process
+    they unpickle to the committed state (a retry's), ``__main__`` included.
     """
     try:
         return pickle.dumps(value, pickle.HIGHEST_PROTOCOL)
     except Exception:
-        import cloudpickle
-
-        return cloudpickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)  # type: ignore[no-any-return]
+        return _pickled(value)
 
 
 def _pickled_or_named(value: Any) -> bytes:
@@ -216,12 +279,19 @@ class PickleFinder(Finder):
 
     Objects shared between top-level values (or list items) are pickled apart,
     so after a resume they are equal copies, not one object.
+
+    Two pickles of a changed value: what the cache compares (:func:`_compared`,
+    every value at every commit) and what a record stores (:func:`_pickled`,
+    cloudpickle, only for what changed): the cheap pickler to find the change,
+    cloudpickle's guarantees for every byte written. :meth:`commit` moves the
+    cache forward by the comparison bytes of the same ops (``_pending``).
     """
 
     def __init__(self, serializer: Serializer, committed: Any) -> None:
         self.serializer = serializer
         self.cache: dict[Any, bytes | list[bytes]] | bytes | None = {}
         self._root: Any = None  # the state of the last changes(), for a root set
+        self._pending: list[list[Any]] = []  # the last changes() with comparison bytes
         self._load_cache(committed)
 
     def _cached(self) -> dict[Any, bytes | list[bytes]] | bytes:
@@ -234,11 +304,11 @@ class PickleFinder(Finder):
     def _load_cache(self, state: Any) -> None:
         if type(state) is dict:
             self.cache = {
-                k: [_pickled(x) for x in v] if type(v) is list else _pickled(v)
+                k: [_compared(x) for x in v] if type(v) is list else _compared(v)
                 for k, v in state.items()
             }
         else:
-            self.cache = _pickled(state)
+            self.cache = _compared(state)
 
     def changes(self, state: Any) -> list[list[Any]]:
         from ..serializers import PickleSerializer
@@ -264,40 +334,45 @@ class PickleFinder(Finder):
 
     def _ops(self, state: Any) -> list[list[Any]]:
         cache = self._cached()
-        self._root = state
+        self._root, self._pending = state, []
         if type(state) is not dict or not isinstance(cache, dict):
-            whole = _pickled(state)
-            return [] if whole == cache else [["set", [], whole]]
+            return [] if _compared(state) == cache else [["set", [], _pickled(state)]]
         kept = [k for k in cache if k in state]
         if list(state)[: len(kept)] != kept:  # reordered: only the whole keeps the order
             return [["set", [], _pickled(state)]]
         ops: list[list[Any]] = [["del", [k]] for k in cache if k not in state]
+        pending = list(ops)
         removed = sum(_pickled_size(cache[k]) for k in cache if k not in state)
         for key, value in state.items():
             old = cache.get(key)
             if type(value) is list and isinstance(old, list):
-                items = [_pickled(x) for x in value]
+                items = [_compared(x) for x in value]
                 if len(items) < len(old):
                     ops.append(["cut", [key], len(items)])
+                    pending.append(ops[-1])
                     removed += sum(map(len, old[len(items) :]))
                 edits = [i for i, b in enumerate(items[: len(old)]) if b != old[i]]
-                ops += [["set", [key, i], items[i]] for i in edits]
+                ops += [["set", [key, i], _pickled(value[i])] for i in edits]
+                pending += [["set", [key, i], items[i]] for i in edits]
                 removed += sum(len(old[i]) for i in edits)
                 if len(items) > len(old):
-                    ops.append(["ext", [key], items[len(old) :]])
+                    ops.append(["ext", [key], [_pickled(x) for x in value[len(old) :]]])
+                    pending.append(["ext", [key], items[len(old) :]])
             else:
-                blob = [_pickled(x) for x in value] if type(value) is list else _pickled(value)
+                blob = [_compared(x) for x in value] if type(value) is list else _compared(value)
                 if blob != old:
-                    ops.append(["set", [key], blob])
+                    stored = [_pickled(x) for x in value] if type(value) is list else None
+                    ops.append(["set", [key], _pickled(value) if stored is None else stored])
+                    pending.append(["set", [key], blob])
                     removed += 0 if old is None else _pickled_size(old)
-        self.removed = removed
+        self.removed, self._pending = removed, pending
         return ops
 
     def commit(self, ops: list[list[Any]]) -> None:
         if ops and ops[0][:2] == ["set", []]:  # a new root: cached per key from now on
             self._load_cache(self._root)
-        elif ops:
-            self.cache = apply(self._cached(), _copy_ops(ops))
+        elif ops:  # by the comparison bytes of the same ops
+            self.cache = apply(self._cached(), _copy_ops(self._pending))
 
     def committed(self) -> Any:
         cache = self.cache
@@ -330,9 +405,18 @@ def _copy_ops(ops: list[list[Any]]) -> list[list[Any]]:
 
 
 def _unpickle(value: Any) -> Any:
-    """A pickled value (or list of them) of a pickle record or cache."""
-    if isinstance(value, list):
-        return [pickle.loads(x) for x in value]  # noqa: S301 - verified with its record
-    if isinstance(value, bytes):
-        return pickle.loads(value)  # noqa: S301 - verified with its record
+    """A pickled value (or list of them) of a pickle record or cache.
+
+    Raises :class:`~durable_steps.CorruptCheckpoint` for one that does not
+    unpickle, whatever the unpickler raised (a class moved in a deploy gives
+    ``AttributeError``; a damaged pickle, anything): the caller names the run
+    and the record.
+    """
+    try:
+        if isinstance(value, list):
+            return [pickle.loads(x) for x in value]  # noqa: S301 - verified with its record
+        if isinstance(value, bytes):
+            return pickle.loads(value)  # noqa: S301 - verified with its record
+    except Exception as exc:
+        raise unpickling_failed(exc, "a value") from exc
     return value  # a "cut" length

@@ -79,7 +79,9 @@ whole is its tail), so the encodes a collapse costs stay proportional to
 the change. A state that shrank below ``WHOLE_UP_TO`` (a transcript the
 agent compacted) is written whole again at once: the finders report the
 encoded size of what each change replaced, deleted or cut off, so the
-state's size is known, roughly, without encoding it.
+state's size is known, roughly, without encoding it. After a resume only a
+bound is known (the parts' size), so the first commit that takes anything
+out encodes the state once (see :meth:`Parts.bound`).
 
 Intent writes, failures and releases rewrite the head with the unchanged
 tail (no re-encode). A renewal of a long step first flushes a tail over 2 KB
@@ -96,7 +98,6 @@ from __future__ import annotations
 import hashlib
 import io
 import json
-import pickle
 import secrets
 import struct
 from collections.abc import Callable
@@ -106,8 +107,8 @@ from .._drivers import GetMany, Protocol, Put
 from ..errors import CheckpointConflict, CorruptCheckpoint
 from ..serializers import _COMPACT_JSON, JSONSerializer, check_json
 from . import checkpoint as ckpt
-from .delta import apply
 from .finders import JOURNAL, JSONFinder, PickleFinder, inner
+from .ops import apply
 
 if TYPE_CHECKING:
     from ..serializers import Serializer
@@ -181,6 +182,8 @@ class Parts:
         """The size of the state's last whole encoding (or a bound on it); unknown: big."""
         self._grown = self._shrunk = 0
         """Bytes of the records since then, and of what they took out (``removed``)."""
+        self._bounded = False
+        """Whether ``_whole`` is only a bound (after a load: see :meth:`bound`)."""
 
     def key(self, name: str) -> str:
         """The store key of part ``name``."""
@@ -195,8 +198,25 @@ class Parts:
         record): :meth:`collapse` looks again once the tail has grown past it
         by the slack, so its encodes cost, per step, a fixed multiple of the change.
         """
-        self._whole, self._grown, self._shrunk = size, 0, 0
+        self._whole, self._grown, self._shrunk, self._bounded = size, 0, 0, False
         self._recheck = size + max(int(size * _SLACK), _MIN_SLACK)
+
+    def bound(self, size: int) -> None:
+        """A loaded run's state encodes in at most ``size`` bytes (its head and
+        parts): the first commit that takes anything out learns the real size.
+
+        The bound can be far above the state: the parts also hold records that
+        later ones overwrote, and the journaled calls of steps whose journal
+        writes flushed the tail. A run killed just before compacting its
+        transcript (50 KB to 4.4 KB) then compacted on resume, with 58 KB of
+        parts: taking 50 KB out of a bound of 58 KB did not reach a small
+        state, so it went on writing changes behind the old parts until a
+        flush, ending 12 times the size of the same run uncrashed. One encode
+        per resume, and only for a run that removes something, avoids that
+        (:meth:`collapse`); a run that only appends never pays it.
+        """
+        self.whole(size)
+        self._bounded = True
 
     def changed(self, record: bytes) -> None:
         """A commit's record of changes (its ``removed`` is the finder's)."""
@@ -229,7 +249,10 @@ class Parts:
         due = self._recheck <= len(tail) and self._recheck < self.threshold()
         # A state that shrank to a small one (a transcript compacted), by the
         # sizes of its records and of what they took out: no encode to tell.
-        shrank = self._shrunk and self._whole + self._grown - self._shrunk <= WHOLE_UP_TO
+        # After a load, the size is a bound: the first removal encodes to know it.
+        shrank = self._shrunk and (
+            self._bounded or self._whole + self._grown - self._shrunk <= WHOLE_UP_TO
+        )
         if not (due or shrank):
             return None
         record = self.whole_record(state)
@@ -407,29 +430,43 @@ def load_state(
         else:
             state = apply(state, ops)
 
+    what = "its head"  # the object being decoded, for an error
     try:
         for part, got in zip(header.parts, found, strict=True):
             if got is None:
                 return None
             payload = _check_part(got[0], part, header, where)
+            what = f"its {part['kind']} part {part['name']!r}"
             if part["kind"] == "base":
                 state = serializer.loads(payload)
             else:
                 parts.cached[part["name"]] = payload
-                for record in records(payload):
+                for i, record in enumerate(records(payload)):
+                    what = f"record {i} of its changes part {part['name']!r}"
                     replay(record)
-        for record in records(tail):
+        for i, record in enumerate(records(tail)):
+            what = f"record {i} of the tail in its head"
             parts.note(record)
             replay(record)
-    except (ValueError, TypeError, pickle.UnpicklingError, CorruptCheckpoint) as exc:
-        detail = exc.message if isinstance(exc, CorruptCheckpoint) else str(exc)
-        raise CorruptCheckpoint(
-            f"{where}: its changes cannot be replayed ({detail}); it was left untouched.",
-            run=header.run,
-        ) from exc
+    except CorruptCheckpoint as exc:
+        if exc.run is not None:  # a part refused unread (_check_part): named already
+            raise
+        raise _undecodable(where, what, exc.message, header.run) from exc
+    except Exception as exc:
+        # Any failure to decode what the head vouches for (a damaged record, a
+        # class a deploy moved: AttributeError, ModuleNotFoundError, or whatever
+        # a pickle's own code raises) is this run's, named with the object.
+        raise _undecodable(where, what, f"{exc!r}", header.run) from exc
     parts.finder = type(parts.finder)(serializer, state)
-    parts.whole(len(tail) + sum(p["size"] for p in header.parts))  # at most: no encode
+    parts.bound(len(tail) + sum(p["size"] for p in header.parts))  # at most: no encode
     return state, parts
+
+
+def _undecodable(where: str, what: str, detail: str, run: str) -> CorruptCheckpoint:
+    return CorruptCheckpoint(
+        f"{where}: {what} cannot be decoded: {detail.rstrip('.')}. The run was left untouched.",
+        run=run,
+    )
 
 
 def _check_part(data: bytes, part: dict[str, Any], header: ckpt.Checkpoint, where: str) -> bytes:
