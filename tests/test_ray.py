@@ -247,7 +247,8 @@ def test_twenty_runs_survive_a_node_killed_mid_run(cluster: Cluster) -> None:
     assert driver.returncode == 0, err[-4000:]
     # No "lost": each task Ray retried waited out its dead attempt's lease and finished the run.
     expected = (
-        "worker fleet: 20 completed, 0 failed, 0 in-doubt, 0 released, 0 waiting, 0 lost, 0 errors"
+        "worker fleet: 20 completed, 0 failed, 0 in-doubt, 0 released, 0 waiting, 0 lost, "
+        "0 stranded, 0 errors"
     )
     assert expected in out, out + err[-4000:]
     resumed = [r for r in runs if len(set(pids_of(cluster, r))) > 1]
