@@ -99,7 +99,8 @@ def _globals(sub: bool) -> _Parser:
         "--store",
         metavar="URL",
         default=unset if sub else None,
-        help=f"where runs live: a path, file:///path or s3://bucket/prefix "
+        help=f"where runs live: a path, file:///path, s3://bucket/prefix, gs://bucket/prefix "
+        "or az://container/prefix "
         f"(default: ${STORE_ENV}, else {DEFAULT_STORE})",
     )
     g.add_argument(
