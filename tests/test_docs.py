@@ -208,12 +208,12 @@ def test_the_readme_is_a_front_door() -> None:
 
 
 def hooks() -> Any:
-    """tools/mkdocs_cli.py, the site's MkDocs hooks."""
-    sys.path.insert(0, str(ROOT / "tools"))
+    """docs/_hooks/mkdocs_cli.py, the site's MkDocs hooks."""
+    sys.path.insert(0, str(ROOT / "docs" / "_hooks"))
     try:
         import mkdocs_cli  # type: ignore[import-not-found]
     finally:
-        sys.path.remove(str(ROOT / "tools"))
+        sys.path.remove(str(ROOT / "docs" / "_hooks"))
     return mkdocs_cli
 
 
