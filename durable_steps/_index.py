@@ -74,9 +74,9 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from ._drivers import Delete, ListObjects, Protocol, Put
+from ._drivers import Delete, Get, ListObjects, Protocol, Put
 from ._events import logger
-from .errors import CheckpointConflict, StoreError
+from .errors import CheckpointConflict, DurableStepsError, StoreError
 
 if TYPE_CHECKING:
     from ._record.checkpoint import Checkpoint
@@ -262,7 +262,7 @@ def leaving(before: str | None, header: Checkpoint) -> Protocol[str | None]:
     run leaves a class workers skip (:data:`HIDING`: ``resolve`` of a run in doubt,
     a failed run resumed), its new entry first. A crash after the head then leaves
     two markers (readers read the head) instead of a hint that hides the run.
-    Returns the entry it created, if any (:func:`moved` need not write it again).
+    Returns the entry it created, if any (:func:`moved` writes it again all the same).
     """
     if before is None or entry_of(header) == before:
         return None
@@ -273,7 +273,7 @@ def leaving(before: str | None, header: Checkpoint) -> Protocol[str | None]:
     return entry_of(header)
 
 
-def moved(before: str | None, header: Checkpoint, made: str | None = None) -> Protocol[str]:
+def moved(before: str | None, header: Checkpoint) -> Protocol[str]:
     """After ``header`` was written over a head whose entry was ``before``: the
     entry ``header`` calls for, created, and the old one deleted. Returns the
     entry now standing. Best effort: a failure leaves a stale hint, which
@@ -284,8 +284,11 @@ def moved(before: str | None, header: Checkpoint, made: str | None = None) -> Pr
     if after == before:
         return after
     try:
-        if after != made:  # (made: written already, by :func:`leaving`)
-            yield from _create(after)
+        # Written again even when :func:`leaving` wrote it before the head: a
+        # reader's repair may have deleted it in between, while the head did not
+        # call for it yet (create-only: one PUT more, only when leaving a hiding
+        # class).
+        yield from _create(after)
         if before is not None:
             yield Delete(before, None)
     except StoreError as exc:
@@ -451,12 +454,21 @@ def repair(live: Live, header: Checkpoint | None, now: float) -> Protocol[None]:
     outlived its run is removed — every entry of a finished head's nonce
     (once its done entry exists), and after :data:`GRACE` the entries of no
     head or of another nonce, and markers of this nonce that the head does
-    not call for. Those are stale for sure by then: the head was read after
-    the listing, so a marker written after its head (every class change)
-    lists a head that is at least as new; only a marker written *before* its
-    head (a creation, a run leaving a hiding class) can be ahead of it, and
-    that for a moment, never for :data:`GRACE`. ``now`` is on the store's
-    clock. Best effort.
+    not call for. ``now`` is on the store's clock. Best effort.
+
+    Why deleting is safe. An entry of no head or of another nonce older than
+    :data:`GRACE` is no creation in progress (a creation sends its head within
+    :data:`CREATE_WITHIN` of its marker, or gives up), and a nonce never
+    comes back. A marker of the head's *own* nonce is another matter: marker
+    keys are reused (class and nonce), a writer that finds its new marker
+    there already keeps it as it is (old), and the head may change class
+    between our GET and our delete — the owner releasing the run moves back
+    into exactly the stale ``stopped`` marker we are about to delete. So after
+    deleting one, the head is read again and the marker *it* calls for is
+    created (create-only): any class change whose marker write came before
+    our delete had its head written before it too, so this second read sees
+    it (or a later one, whose writer writes its own marker after it). One
+    more GET, only when a crash left a stale marker of a live run.
     """
     try:
         if header is None:
@@ -469,11 +481,32 @@ def repair(live: Live, header: Checkpoint | None, now: float) -> Protocol[None]:
             yield from _create(wanted)
         nonce = header.run_nonce[:_NONCE]
         finished = marker_of(header) is None
+        deleted_mine = False
         for entry in live.entries:
             mine = entry.nonce == nonce
             old = now - entry.modified > GRACE
             stale = entry.kind != "signal" and entry.key != wanted
             if (finished and mine) or (old and (not mine or stale)):
                 yield Delete(entry.key, None)
+                deleted_mine = deleted_mine or (mine and not finished)
+        if deleted_mine:
+            yield from _reread(header)
     except StoreError as exc:
         logger.info("run %s/%s: index repair failed (%s)", live.workflow, live.run_id, exc)
+
+
+def _reread(header: Checkpoint) -> Protocol[None]:
+    """After deleting a stale marker of a live head: the head again, and the entry
+    it calls for now created (see :func:`repair`).
+    """
+    from ._record import checkpoint as ckpt
+
+    key = ckpt.checkpoint_key(header.workflow, header.run_id)
+    got = yield Get(key)
+    if got is None:
+        return
+    try:
+        now, _ = ckpt.decode(got[0], where=f"checkpoint {key!r}")
+    except DurableStepsError:  # corrupt: the next reader that reads it says so
+        return
+    yield from _create(entry_of(now))

@@ -31,7 +31,7 @@ from typing import Any
 from .. import _index
 from .._drivers import drive_sync
 from .._record import checkpoint as ckpt
-from .._run import clear_objects
+from .._run import clear_leftovers, clear_objects
 from ..errors import CheckpointConflict
 from ..stores import ObjectInfo, Store
 from ._base import (
@@ -263,9 +263,14 @@ def _prune_orphans(store: Store, args: argparse.Namespace, before: float) -> int
             names = ", ".join(sorted(f"{o.workflow}/{o.run_id}" for o in gone))
             print(f"would delete what is left of {len(gone)} deleted run(s): {names}")
         return len(gone)
+    # Parts as old as LEFTOVER_AGE only: a run created under the id after our GET
+    # writes its parts a moment before its head (then its entries wait too).
+    parts_before = min(before, time.time() - LEFTOVER_AGE)
     for orphan in orphans:  # the stale ones too: a done entry its head no longer calls for
-        if orphan.gone:
-            _delete_parts(store, orphan.workflow, orphan.run_id)
+        if orphan.gone and not drive_sync(
+            clear_leftovers(orphan.workflow, orphan.run_id, parts_before), store
+        ):
+            continue
         for key in orphan.keys:
             store.delete(key)
     if gone:
