@@ -339,22 +339,31 @@ _REGISTERED: set[tuple[str, str]] = set()
 """(store, workflow) pairs this process knows to be in the registry."""
 
 
-def registered(store_id: str, workflow: str) -> Protocol[None]:
+def registered(store_id: str, workflow: str, run_id: str | None = None) -> Protocol[None]:
     """Make sure ``workflow`` is in the registry, once per process and store.
 
     The first run of a workflow with no objects yet registers it as indexed;
     a workflow that already has objects (runs written by an earlier version)
-    as partial, until ``reindex`` builds what they lack.
+    as partial, until ``reindex`` builds what they lack. The objects of
+    ``run_id`` itself (the run being created: a big first state writes its
+    base part before its head) are no earlier version's.
     """
     if (store_id, workflow) in _REGISTERED:
         return
+    own = f"{workflow}/{run_id}/" if run_id is not None else None
+
+    def others(infos: list[ObjectInfo]) -> bool:
+        return any(own is None or not i.key.startswith(own) for i in infos)
+
     found = yield ListObjects(registry_key(workflow) + "/")
     if not found:
-        if not (yield ListObjects("", 1)):  # a new store: nothing was ever written unindexed
+        # Two keys: the first may be the new run's own part, which sorts first
+        # only if nothing else does; anything else there sorts after it or before.
+        if not others((yield ListObjects("", 2))):  # a new store: nothing written unindexed
             yield from _create(COMPLETE)
-            existing = []
+            existing = False
         else:
-            existing = yield ListObjects(f"{workflow}/", 1)
+            existing = others((yield ListObjects(f"{workflow}/", 2)))
         yield from _create(registry_key(workflow) + ("/partial" if existing else "/indexed"))
     _REGISTERED.add((store_id, workflow))
 

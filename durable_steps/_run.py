@@ -369,7 +369,9 @@ class RunState:
         head is not sent if the marker landed too long ago (see ``_index``).
         """
         store = self.plan.store
-        yield from _index.registered(getattr(store, "url", None) or repr(store), header.workflow)
+        yield from _index.registered(
+            getattr(store, "url", None) or repr(store), header.workflow, header.run_id
+        )
         marked = yield from _index.creating(header)
         self.entry = _index.entry_of(header)
         if _index.too_late(marked):
