@@ -138,7 +138,8 @@ class Finder:
         if hint is not None and hint.kind != "running" and seen is None:
             if live.run_id in self.quarantine:
                 return self._requarantined(live, now, skew)
-            return self._hinted(live, hint, now)
+            if not self._settled(live, now, skew):
+                return self._hinted(live, hint, now)
         if seen is None or self._outdated(seen, live, now, skew):
             seen = self._read(live, now, skew)
             if seen is None:
@@ -151,6 +152,16 @@ class Finder:
         return seen.status in self.statuses and not is_live(
             seen.owner, now=now, skew=skew, since=seen.updated_at, lease=self.lease
         )
+
+    def _settled(self, live: _index.Live, now: float, skew: float | None) -> bool:
+        """Whether none of the run's entries changed in :data:`~durable_steps._index.GRACE`:
+        then its head is read once (and remembered while its entries stay as they are).
+        A marker judged by its name alone could be all an interrupted ``rm`` left — a
+        waiting or in-doubt run's is never claimed, so nothing else would read its
+        head and clean it up. One GET per run and class change, not per scan.
+        """
+        store_now = now - (skew or 0.0)
+        return all(store_now - e.modified > _index.GRACE for e in live.entries)
 
     def _hinted(self, live: _index.Live, hint: _index.Entry, now: float) -> bool:
         """Whether a run is ready by its one marker alone (a class that needs no head)."""

@@ -8,6 +8,8 @@ marker judged by its name forever, a partial workflow with no runs left.
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -23,7 +25,7 @@ from durable_steps._record import checkpoint as ckpt
 from durable_steps.cli._indexed import covered
 from durable_steps.stores import ObjectInfo
 from tests.conftest import StoreTarget, _target
-from tests.test_index import cli, consistent, entries, head
+from tests.test_index import CHILD, ROOT, cli, consistent, entries, head
 
 
 @pytest.fixture(params=["local", pytest.param("seaweedfs", marks=pytest.mark.s3)])
@@ -233,6 +235,137 @@ def test_a_run_whose_head_was_missing_for_a_scan_is_found_by_the_next(
     submitter.submit("r1", {})
     assert hooked.hook is None, "the race did not happen"
     assert worker.claimable() == ["r1"]
+
+
+# --- 7, 8. ls and prune see each finished run once, whatever a crash left ------------
+
+
+def killed(target: StoreTarget, op: str, at: str) -> None:
+    """tests/indexchild.py does ``op`` and is SIGKILLed before its first write at ``at``."""
+    done = subprocess.run(
+        [sys.executable, str(CHILD), "--store", target.url, "--op", op, "--at", at],
+        capture_output=True,
+        text=True,
+        check=False,
+        cwd=ROOT,
+        env={**target.child_env(), "PYTHONPATH": str(ROOT)},
+        timeout=60,
+    )
+    assert done.returncode == -9, (done.stdout, done.stderr)
+
+
+def shown(target: StoreTarget, *args: str) -> list[str]:
+    """The run ids `ls` shows, in order."""
+    done = cli(target, "ls", *args)
+    assert done.returncode == 0, done.stderr
+    return [line.split()[1] for line in done.stdout.splitlines()[1:]]
+
+
+def test_ls_shows_a_tombstoned_run_once_after_a_sigkill_left_its_old_entry(
+    target: StoreTarget,
+) -> None:
+    """SIGKILL in on_complete="delete" after the tombstone's done entry, before the
+    completed one's delete: ls shows the run once (as the tombstone it is)."""
+    from tests.indexchild import desk, prepare
+
+    store = target.open()
+    desk(store).run("seed", {})
+    prepare(store, "tombstone")
+    killed(target, "tombstone", "delete:-completed-")
+    assert any("-completed-r" in k for k in entries(store))  # the stale entry is there
+    assert shown(target).count("r") == 1
+    assert shown(target, "--status", "deleted") == ["r"]
+    assert shown(target, "--status", "completed") == ["seed"]
+
+
+def test_ls_skips_the_entry_an_interrupted_rm_left_and_fills_its_limit(
+    target: StoreTarget,
+) -> None:
+    """rm of a completed run SIGKILLed before its done entry's delete: `ls --limit 2`
+    still shows the 2 newest runs there are (and says there are more); once the id
+    is used again, ls shows the new live run once."""
+    from tests.indexchild import desk, prepare
+
+    store = target.open()
+    for name in ("old0", "old1", "old2"):
+        desk(store).run(name, {})
+    prepare(store, "rm")  # desk/r, completed: the newest
+    killed(target, "rm", "delete:_index/")
+    assert any("-completed-r" in k for k in entries(store))
+    more = cli(target, "ls", "--limit", "2")
+    assert [line.split()[1] for line in more.stdout.splitlines()[1:]] == ["old2", "old1"]
+    assert "the newest 2 shown" in more.stderr
+    assert shown(target, "--status", "completed", "--limit", "2") == ["old2", "old1"]
+    with pytest.raises(ds.RunSuspended):
+        desk(store).run("r", {"wait": True})  # the id starts a new run
+    assert shown(target) == ["r", "old2", "old1", "old0"]
+
+
+def test_a_run_killed_before_its_done_entry_is_listed_and_pruned(target: StoreTarget) -> None:
+    """SIGKILL after a run's completed head, before its done entry: ls, ls --status
+    completed show it, and prune --completed deletes it and every entry it had."""
+    from tests.indexchild import prepare
+
+    store = target.open()
+    prepare(store, "wake")  # a waiting run, signalled: resumed to its end by the child
+    killed(target, "wake", "put:_index/done/")
+    assert head(store, "desk", "r").status == "completed"
+    assert not [k for k in entries(store) if "/done/" in k]
+    assert shown(target) == ["r"]
+    assert shown(target, "--status", "completed") == ["r"]
+    pruned = cli(target, "prune", "--completed", "--older-than", "0s", "--yes")
+    assert pruned.returncode == 0, pruned.stderr
+    assert "deleted desk/r" in pruned.stdout
+    assert store.get(ckpt.checkpoint_key("desk", "r")) is None
+    assert entries(store) == set()
+
+
+# --- 9. a deleted run's marker does not outlive it ------------------------------------
+
+
+def test_the_marker_an_interrupted_rm_left_of_a_waiting_run_is_cleaned_up(
+    target: StoreTarget, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """rm --force of a waiting run SIGKILLed before its entries' deletes: once they are
+    older than GRACE, a worker's scan reads the head once (gone) and removes the marker
+    and what is left of the run; a later scan reads nothing."""
+    from tests.indexchild import desk
+
+    store = target.open()
+    with pytest.raises(ds.RunSuspended):
+        desk(store).run("r", {"wait": True})
+    killed(target, "rm", "delete:_index/")
+    assert store.get(ckpt.checkpoint_key("desk", "r")) is None
+    assert markers(store, "r")
+    monkeypatch.setattr(_index, "GRACE", 1.0)
+    time.sleep(2.2)  # (whole seconds on S3)
+    worker = ds.Worker(desk(store))
+    assert worker.claimable() == []
+    assert entries(store) == set()
+    assert not list(store.list("desk/r/"))
+
+
+def test_prune_removes_what_an_interrupted_rm_left_of_a_waiting_run(
+    target: StoreTarget, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The same leftovers, found by prune (no worker ran): prune reads the heads of runs
+    whose entries did not change in GRACE, and removes a gone one's."""
+    from durable_steps.cli import _cleanup, _main
+    from tests.indexchild import desk
+
+    store = target.open()
+    with pytest.raises(ds.RunSuspended):
+        desk(store).run("r", {"wait": True})
+    with pytest.raises(ds.RunSuspended):
+        desk(store).run("alive", {"wait": True})
+    killed(target, "rm", "delete:_index/")
+    monkeypatch.setattr(_index, "GRACE", 1.0)
+    monkeypatch.setattr(_cleanup, "LEFTOVER_AGE", 1.0)
+    time.sleep(2.2)
+    monkeypatch.setattr(_main, "open_store", lambda _url: store)
+    assert _main.main(["--store", target.url, "prune", "--completed", "--older-than", "0s", "-y"]) == 0
+    assert {k.split("/")[3] for k in entries(store)} == {"alive"}
+    assert not list(store.list("desk/r/"))
 
 
 # --- 10. a whole-store reindex leaves no workflow partial -----------------------------
