@@ -63,8 +63,38 @@ The protocol (why a crash at any instant loses no run)
     :data:`GRACE` — a creation in progress writes its marker first, and
     gives up (writes no head) if its head is not sent within a third of it.
     A marker of a live head's own nonce that the head does not call for is
-    deleted only after :data:`GRACE` too (see :func:`repair` for why that is
-    safe); the run's nudges stay until it finishes.
+    deleted only after :data:`GRACE` too, and then the head is read again and
+    the marker it calls for now created: marker keys are reused (class and
+    nonce), so the run may have moved back into that very key since the GET
+    (see :func:`repair`). A run leaving a hiding class writes its new marker
+    again after its head, for the same reason. The run's nudges stay until it
+    finishes.
+Leftovers of a deleted run
+    What an interrupted ``rm`` leaves — entries and parts with no head — is
+    removed by the reader that finds no head once every entry is older than
+    :data:`GRACE`; its parts only if all of them are that old too (a run
+    created under the id right after the reader's GET writes fresh parts
+    before its head; then nothing is deleted, and a later reader sees the new
+    head). ``prune`` keeps ``LEFTOVER_AGE`` for parts likewise. A worker that
+    judges a run by its marker's name alone (waiting, in doubt) reads its head
+    once when no entry of it changed in :data:`GRACE`, so a deleted run's
+    marker is not judged by its name forever: one GET per run and class
+    change, not per scan.
+Finished runs a crash left half-indexed
+    A crash between a run's last head and its done entry leaves only its
+    ``running`` marker; one in a tombstone or an ``rm`` leaves a done entry
+    its head no longer calls for. Readers of done entries (``ls``) check each
+    against its head, show a run once, and read further to fill ``--limit``;
+    ``ls --status completed`` and ``prune`` read the heads of runs with a
+    ``running`` marker too (what is live, at most).
+Mixed versions (the upgrade rule)
+    A process of a release before this index writes runs and signals with no
+    entries. A store this layout made is registered indexed, so a worker
+    never looks for those. Upgrade by stopping every process of the older
+    release first; or, in a rolling deploy, run ``durable-steps reindex``
+    once the last old process stopped (it writes every entry they left out
+    and is safe while runs run). Finding them without that would cost a
+    listing of every run, which the index exists to avoid.
 """
 
 from __future__ import annotations

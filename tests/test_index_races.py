@@ -117,7 +117,8 @@ def test_a_repair_racing_a_release_leaves_the_run_its_marker(target: StoreTarget
         gate.set()
         runner.join()
     released = head(store, "desk", "r")
-    assert released.owner is None and released.status == "running"
+    assert released.owner is None
+    assert released.status == "running"
     drive_sync(_index.repair(live, running, later()), store)  # the scan's repair, late
     assert markers(store, "r") == {_index.marker_of(released)}
     assert ds.Worker(wf).claimable() == ["r"]
@@ -203,8 +204,9 @@ def test_a_new_store_whose_first_run_has_a_big_state_is_indexed(target: StoreTar
     wf = ds.Workflow("desk", store=store)
     wf.step(name="one")(lambda state: None)
     wf.submit("r", {"doc": "x" * 100_000})
-    assert store.list("desk/r/parts/")
-    assert covered(store, "desk") and covered(store, None)
+    assert list(store.list("desk/r/parts/"))
+    assert covered(store, "desk")
+    assert covered(store, None)
 
 
 # --- 6. a creation caught between its marker and its head is seen by the next scan ----
@@ -363,7 +365,8 @@ def test_prune_removes_what_an_interrupted_rm_left_of_a_waiting_run(
     monkeypatch.setattr(_cleanup, "LEFTOVER_AGE", 1.0)
     time.sleep(2.2)
     monkeypatch.setattr(_main, "open_store", lambda _url: store)
-    assert _main.main(["--store", target.url, "prune", "--completed", "--older-than", "0s", "-y"]) == 0
+    prune = ["prune", "--completed", "--older-than", "0s", "--yes"]
+    assert _main.main(["--store", target.url, *prune]) == 0
     assert {k.split("/")[3] for k in entries(store)} == {"alive"}
     assert not list(store.list("desk/r/"))
 
@@ -394,4 +397,3 @@ def _forget_registrations() -> Iterator[None]:
     _index._REGISTERED.clear()
     yield
     _index._REGISTERED.clear()
-

@@ -105,7 +105,9 @@ def done(store: Store, workflow: str | None, limit: int | None) -> list[_index.E
     return entries if limit is None else entries[:limit]
 
 
-def _entries(store: Store, workflow: str | None, status: str | None, limit: int | None) -> list[_index.Entry]:
+def _entries(
+    store: Store, workflow: str | None, status: str | None, limit: int | None
+) -> list[_index.Entry]:
     """:func:`done`, only those of ``status`` (None: any), at most ``limit`` per workflow."""
     if status is None:
         return done(store, workflow, limit)
