@@ -29,7 +29,7 @@ from ._drivers import drive_sync
 from ._events import logger
 from ._lease import is_live
 from ._record import checkpoint as ckpt
-from ._run import clear_objects, store_skew
+from ._run import clear_leftovers, store_skew
 from .errors import CorruptCheckpoint, DefinitionError, DurableStepsError
 from .stores import command_hint
 
@@ -138,8 +138,9 @@ class Finder:
         if hint is not None and hint.kind != "running" and seen is None:
             if live.run_id in self.quarantine:
                 return self._requarantined(live, now, skew)
-            return self._hinted(live, hint, now)
-        if seen is None or self._outdated(seen, now, skew):
+            if not self._settled(live, now, skew):
+                return self._hinted(live, hint, now)
+        if seen is None or self._outdated(seen, live, now, skew):
             seen = self._read(live, now, skew)
             if seen is None:
                 return False
@@ -151,6 +152,16 @@ class Finder:
         return seen.status in self.statuses and not is_live(
             seen.owner, now=now, skew=skew, since=seen.updated_at, lease=self.lease
         )
+
+    def _settled(self, live: _index.Live, now: float, skew: float | None) -> bool:
+        """Whether none of the run's entries changed in :data:`~durable_steps._index.GRACE`:
+        then its head is read once (and remembered while its entries stay as they are).
+        A marker judged by its name alone could be all an interrupted ``rm`` left — a
+        waiting or in-doubt run's is never claimed, so nothing else would read its
+        head and clean it up. One GET per run and class change, not per scan.
+        """
+        store_now = now - (skew or 0.0)
+        return all(store_now - e.modified > _index.GRACE for e in live.entries)
 
     def _hinted(self, live: _index.Live, hint: _index.Entry, now: float) -> bool:
         """Whether a run is ready by its one marker alone (a class that needs no head)."""
@@ -181,11 +192,18 @@ class Finder:
         got = self.store.get(key)
         return None if got is None else _Seen.of(got[0], got[1], key)
 
-    def _outdated(self, seen: _Seen, now: float, skew: float | None) -> bool:
+    def _outdated(self, seen: _Seen, live: _index.Live, now: float, skew: float | None) -> bool:
         """Whether a remembered head may have changed in a way that matters: its
-        owner's lease ran out by memory (it may have renewed it since), or it is
-        corrupt or quarantined (looked at again now and then).
+        owner's lease ran out by memory (it may have renewed it since), it is
+        missing while an entry is young (a creation in progress: its head lands
+        in a moment, and the next scan must see it — the marker's name will not
+        change to say so), or it is corrupt or missing for good (looked at again
+        now and then).
         """
+        if seen.status == "missing":
+            store_now = now - (skew or 0.0)
+            if any(store_now - e.modified <= _index.GRACE for e in live.entries):
+                return True
         if seen.status in ("corrupt", "missing"):
             return now - seen.read_at > _RECHECK
         return seen.status == "running" and not is_live(
@@ -206,8 +224,13 @@ class Finder:
                 header = ckpt.decode(got[0], where=f"checkpoint {key!r}")[0]
         store_now = now - (skew or 0.0)
         if got is None and all(store_now - e.modified > _index.GRACE for e in live.entries):
-            # Gone for good (not a creation in progress): what an interrupted rm left.
-            drive_sync(clear_objects(self.workflow, live.run_id), self.store)
+            # Gone for good (not a creation in progress): what an interrupted rm left
+            # — but a new run may be created under the id this very moment, after
+            # our GET: only parts older than GRACE go, and none while a younger
+            # one is there (its entries wait for a later scan).
+            cleared = clear_leftovers(self.workflow, live.run_id, store_now - _index.GRACE)
+            if not drive_sync(cleared, self.store):
+                return self._seen.get(live.run_id)
         if got is None or header is not None:
             drive_sync(_index.repair(live, header, store_now), self.store)
         return self._seen.get(live.run_id)

@@ -63,8 +63,38 @@ The protocol (why a crash at any instant loses no run)
     :data:`GRACE` — a creation in progress writes its marker first, and
     gives up (writes no head) if its head is not sent within a third of it.
     A marker of a live head's own nonce that the head does not call for is
-    deleted only after :data:`GRACE` too (see :func:`repair` for why that is
-    safe); the run's nudges stay until it finishes.
+    deleted only after :data:`GRACE` too, and then the head is read again and
+    the marker it calls for now created: marker keys are reused (class and
+    nonce), so the run may have moved back into that very key since the GET
+    (see :func:`repair`). A run leaving a hiding class writes its new marker
+    again after its head, for the same reason. The run's nudges stay until it
+    finishes.
+Leftovers of a deleted run
+    What an interrupted ``rm`` leaves — entries and parts with no head — is
+    removed by the reader that finds no head once every entry is older than
+    :data:`GRACE`; its parts only if all of them are that old too (a run
+    created under the id right after the reader's GET writes fresh parts
+    before its head; then nothing is deleted, and a later reader sees the new
+    head). ``prune`` keeps ``LEFTOVER_AGE`` for parts likewise. A worker that
+    judges a run by its marker's name alone (waiting, in doubt) reads its head
+    once when no entry of it changed in :data:`GRACE`, so a deleted run's
+    marker is not judged by its name forever: one GET per run and class
+    change, not per scan.
+Finished runs a crash left half-indexed
+    A crash between a run's last head and its done entry leaves only its
+    ``running`` marker; one in a tombstone or an ``rm`` leaves a done entry
+    its head no longer calls for. Readers of done entries (``ls``) check each
+    against its head, show a run once, and read further to fill ``--limit``;
+    ``ls --status completed`` and ``prune`` read the heads of runs with a
+    ``running`` marker too (what is live, at most).
+Mixed versions (the upgrade rule)
+    A process of a release before this index writes runs and signals with no
+    entries. A store this layout made is registered indexed, so a worker
+    never looks for those. Upgrade by stopping every process of the older
+    release first; or, in a rolling deploy, run ``durable-steps reindex``
+    once the last old process stopped (it writes every entry they left out
+    and is safe while runs run). Finding them without that would cost a
+    listing of every run, which the index exists to avoid.
 """
 
 from __future__ import annotations
@@ -74,9 +104,9 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from ._drivers import Delete, ListObjects, Protocol, Put
+from ._drivers import Delete, Get, ListObjects, Protocol, Put
 from ._events import logger
-from .errors import CheckpointConflict, StoreError
+from .errors import CheckpointConflict, DurableStepsError, StoreError
 
 if TYPE_CHECKING:
     from ._record.checkpoint import Checkpoint
@@ -262,7 +292,7 @@ def leaving(before: str | None, header: Checkpoint) -> Protocol[str | None]:
     run leaves a class workers skip (:data:`HIDING`: ``resolve`` of a run in doubt,
     a failed run resumed), its new entry first. A crash after the head then leaves
     two markers (readers read the head) instead of a hint that hides the run.
-    Returns the entry it created, if any (:func:`moved` need not write it again).
+    Returns the entry it created, if any (:func:`moved` writes it again all the same).
     """
     if before is None or entry_of(header) == before:
         return None
@@ -273,7 +303,7 @@ def leaving(before: str | None, header: Checkpoint) -> Protocol[str | None]:
     return entry_of(header)
 
 
-def moved(before: str | None, header: Checkpoint, made: str | None = None) -> Protocol[str]:
+def moved(before: str | None, header: Checkpoint) -> Protocol[str]:
     """After ``header`` was written over a head whose entry was ``before``: the
     entry ``header`` calls for, created, and the old one deleted. Returns the
     entry now standing. Best effort: a failure leaves a stale hint, which
@@ -284,8 +314,11 @@ def moved(before: str | None, header: Checkpoint, made: str | None = None) -> Pr
     if after == before:
         return after
     try:
-        if after != made:  # (made: written already, by :func:`leaving`)
-            yield from _create(after)
+        # Written again even when :func:`leaving` wrote it before the head: a
+        # reader's repair may have deleted it in between, while the head did not
+        # call for it yet (create-only: one PUT more, only when leaving a hiding
+        # class).
+        yield from _create(after)
         if before is not None:
             yield Delete(before, None)
     except StoreError as exc:
@@ -336,22 +369,31 @@ _REGISTERED: set[tuple[str, str]] = set()
 """(store, workflow) pairs this process knows to be in the registry."""
 
 
-def registered(store_id: str, workflow: str) -> Protocol[None]:
+def registered(store_id: str, workflow: str, run_id: str | None = None) -> Protocol[None]:
     """Make sure ``workflow`` is in the registry, once per process and store.
 
     The first run of a workflow with no objects yet registers it as indexed;
     a workflow that already has objects (runs written by an earlier version)
-    as partial, until ``reindex`` builds what they lack.
+    as partial, until ``reindex`` builds what they lack. The objects of
+    ``run_id`` itself (the run being created: a big first state writes its
+    base part before its head) are no earlier version's.
     """
     if (store_id, workflow) in _REGISTERED:
         return
+    own = f"{workflow}/{run_id}/" if run_id is not None else None
+
+    def others(infos: list[ObjectInfo]) -> bool:
+        return any(own is None or not i.key.startswith(own) for i in infos)
+
     found = yield ListObjects(registry_key(workflow) + "/")
     if not found:
-        if not (yield ListObjects("", 1)):  # a new store: nothing was ever written unindexed
+        # Two keys: the first may be the new run's own part, which sorts first
+        # only if nothing else does; anything else there sorts after it or before.
+        if not others((yield ListObjects("", 2))):  # a new store: nothing written unindexed
             yield from _create(COMPLETE)
-            existing = []
+            existing = False
         else:
-            existing = yield ListObjects(f"{workflow}/", 1)
+            existing = others((yield ListObjects(f"{workflow}/", 2)))
         yield from _create(registry_key(workflow) + ("/partial" if existing else "/indexed"))
     _REGISTERED.add((store_id, workflow))
 
@@ -451,12 +493,21 @@ def repair(live: Live, header: Checkpoint | None, now: float) -> Protocol[None]:
     outlived its run is removed — every entry of a finished head's nonce
     (once its done entry exists), and after :data:`GRACE` the entries of no
     head or of another nonce, and markers of this nonce that the head does
-    not call for. Those are stale for sure by then: the head was read after
-    the listing, so a marker written after its head (every class change)
-    lists a head that is at least as new; only a marker written *before* its
-    head (a creation, a run leaving a hiding class) can be ahead of it, and
-    that for a moment, never for :data:`GRACE`. ``now`` is on the store's
-    clock. Best effort.
+    not call for. ``now`` is on the store's clock. Best effort.
+
+    Why deleting is safe. An entry of no head or of another nonce older than
+    :data:`GRACE` is no creation in progress (a creation sends its head within
+    :data:`CREATE_WITHIN` of its marker, or gives up), and a nonce never
+    comes back. A marker of the head's *own* nonce is another matter: marker
+    keys are reused (class and nonce), a writer that finds its new marker
+    there already keeps it as it is (old), and the head may change class
+    between our GET and our delete — the owner releasing the run moves back
+    into exactly the stale ``stopped`` marker we are about to delete. So after
+    deleting one, the head is read again and the marker *it* calls for is
+    created (create-only): any class change whose marker write came before
+    our delete had its head written before it too, so this second read sees
+    it (or a later one, whose writer writes its own marker after it). One
+    more GET, only when a crash left a stale marker of a live run.
     """
     try:
         if header is None:
@@ -469,11 +520,32 @@ def repair(live: Live, header: Checkpoint | None, now: float) -> Protocol[None]:
             yield from _create(wanted)
         nonce = header.run_nonce[:_NONCE]
         finished = marker_of(header) is None
+        deleted_mine = False
         for entry in live.entries:
             mine = entry.nonce == nonce
             old = now - entry.modified > GRACE
             stale = entry.kind != "signal" and entry.key != wanted
             if (finished and mine) or (old and (not mine or stale)):
                 yield Delete(entry.key, None)
+                deleted_mine = deleted_mine or (mine and not finished)
+        if deleted_mine:
+            yield from _reread(header)
     except StoreError as exc:
         logger.info("run %s/%s: index repair failed (%s)", live.workflow, live.run_id, exc)
+
+
+def _reread(header: Checkpoint) -> Protocol[None]:
+    """After deleting a stale marker of a live head: the head again, and the entry
+    it calls for now created (see :func:`repair`).
+    """
+    from ._record import checkpoint as ckpt
+
+    key = ckpt.checkpoint_key(header.workflow, header.run_id)
+    got = yield Get(key)
+    if got is None:
+        return
+    try:
+        now, _ = ckpt.decode(got[0], where=f"checkpoint {key!r}")
+    except DurableStepsError:  # corrupt: the next reader that reads it says so
+        return
+    yield from _create(entry_of(now))

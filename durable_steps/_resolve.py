@@ -102,9 +102,9 @@ def resolve(
         )
     try:
         before = _index.entry_of(header)
-        made = drive_sync(_index.leaving(before, resolved), store)
+        drive_sync(_index.leaving(before, resolved), store)
         store.put(key, ckpt.encode(resolved, payload, signer), match=found[1])
-        drive_sync(_index.moved(before, resolved, made), store)
+        drive_sync(_index.moved(before, resolved), store)
     except CheckpointConflict as exc:
         raise CheckpointConflict(
             f"run {name} changed while it was being resolved (is it running?); "

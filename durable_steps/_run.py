@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from . import _index
-from ._drivers import Delete, Get, ListKeys, Protocol, Put, Sweep, drive_sync
+from ._drivers import Delete, Get, ListKeys, ListObjects, Protocol, Put, Sweep, drive_sync
 from ._events import Event, EventKind, emit, logger
 from ._lease import Heartbeat, Owner, describe
 from ._pacing import Pace, write_interval
@@ -348,12 +348,11 @@ class RunState:
         header = self.stamp(header, release=release)
         data = ckpt.encode(header, self.payload if payload is None else payload, self.signer)
         creating = self.version is None
-        made = None
         try:
             if creating:  # its index entry first, so the new run is findable (see _index)
                 yield from self._mark(header)
             else:
-                made = yield from _index.leaving(self.entry, header)
+                yield from _index.leaving(self.entry, header)
             try:
                 self.version = yield Put(self.key, data, self.version, self.pace.slot())
             except CheckpointConflict:
@@ -370,14 +369,16 @@ class RunState:
         except StoreError as exc:
             raise self.store_error(exc, step) from exc
         self.header = header
-        self.entry = yield from _index.moved(self.entry, header, made)
+        self.entry = yield from _index.moved(self.entry, header)
 
     def _mark(self, header: ckpt.Checkpoint) -> Protocol[None]:
         """Before a new run's head: the registry, then the run's marker; and the
         head is not sent if the marker landed too long ago (see ``_index``).
         """
         store = self.plan.store
-        yield from _index.registered(getattr(store, "url", None) or repr(store), header.workflow)
+        yield from _index.registered(
+            getattr(store, "url", None) or repr(store), header.workflow, header.run_id
+        )
         marked = yield from _index.creating(header)
         self.entry = _index.entry_of(header)
         if _index.too_late(marked):
@@ -499,6 +500,26 @@ def clear_objects(workflow: str, run_id: str) -> Protocol[int]:
         yield Sweep(prefix)
         found.append(len(keys))
     return found[0]  # the parts' (a run with none but signals left counts none)
+
+
+def clear_leftovers(workflow: str, run_id: str, before: float) -> Protocol[bool]:
+    """What a delete whose head went first left of a run (see ``cli/_cleanup``):
+    its parts and signals last written before ``before`` (store clock). Returns
+    False, deleting nothing, when a younger one is there: a run being created
+    under that id now writes its parts a moment before its head, and a reader
+    that found no head cannot tell it from a leftover but by age.
+    """
+    prefixes = (f2.parts_prefix(workflow, run_id), signals_prefix(workflow, run_id))
+    found = []
+    for prefix in prefixes:
+        found += yield ListObjects(prefix)
+    if any(info.modified >= before for info in found):
+        return False
+    for info in found:
+        yield Delete(info.key, None)
+    for prefix in prefixes:
+        yield Sweep(prefix)
+    return True
 
 
 def store_skew(store: Store) -> float | None:

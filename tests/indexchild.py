@@ -3,7 +3,9 @@ before or after its N-th write (any PUT or DELETE: heads, parts, index entries).
 
     python tests/indexchild.py --store URL --op OP --kill N --when before|after
 
-``--kill 0`` dies nowhere and prints how many writes the op made. The ops,
+``--kill 0`` dies nowhere and prints how many writes the op made; ``--at TEXT``
+dies before (or after) the first write whose key contains TEXT instead (``put:TEXT``,
+``delete:TEXT``: the first such PUT, or DELETE). The ops,
 each on what :func:`prepare` left in the store: ``create`` (a run that then
 waits), ``submit``, ``signal``, ``wake`` (a signalled run resumed to its
 end), ``tombstone`` (a run completed under ``on_complete="delete"``),
@@ -73,11 +75,15 @@ def prepare(store: ds.Store, op: str) -> None:
 class Killer:
     """Counts every write (PUT and DELETE) and dies around the chosen one."""
 
-    def __init__(self, inner: ds.Store, kill: int, when: str) -> None:
+    def __init__(self, inner: ds.Store, kill: int, when: str, at: str | None = None) -> None:
         self.inner, self.kill, self.when, self.writes = inner, kill, when, 0
+        self.at = at
 
-    def _count(self) -> None:
+    def _count(self, key: str, kind: str) -> None:
         self.writes += 1
+        kinds, _, text = (self.at or "").rpartition(":")
+        if self.at is not None and text in key and kinds in ("", kind):
+            self.kill, self.at = self.writes, None
         if self.writes == self.kill and self.when == "before":
             os.kill(os.getpid(), signal.SIGKILL)
 
@@ -89,14 +95,14 @@ class Killer:
         return self.inner.get(key)
 
     def put(self, key: str, data: bytes, *, match: str | None = None) -> str:
-        self._count()
+        self._count(key, "put")
         try:
             return self.inner.put(key, data, match=match)
         finally:  # also after a refused write: a process can die on the answer
             self._after()
 
     def delete(self, key: str, *, match: str | None = None) -> None:
-        self._count()
+        self._count(key, "delete")
         try:
             self.inner.delete(key, match=match)
         finally:
@@ -149,8 +155,9 @@ def main() -> None:
     parser.add_argument("--op", choices=OPS, required=True)
     parser.add_argument("--kill", type=int, default=0)
     parser.add_argument("--when", choices=("before", "after"), default="before")
+    parser.add_argument("--at", default=None)
     args = parser.parse_args()
-    store = Killer(ds.open_store(args.store), args.kill, args.when)
+    store = Killer(ds.open_store(args.store), args.kill, args.when, args.at)
     run(store, args.store, args.op)
     print(store.writes)
 

@@ -156,9 +156,14 @@ def test_a_delete_killed_between_the_head_and_its_parts_leaves_nothing_unreadabl
         assert cli.main(prune) == 0
         assert f"deleted {len(left)} part(s) left of 1 deleted run(s)" in capsys.readouterr().out
     else:
-        # The run's done entry, deleted last, leads prune to what the kill left: a
-        # finished run's, so at once (no run being created can be behind it).
+        # The run's done entry, deleted last, leads prune to what the kill left —
+        # once its parts are LEFTOVER_AGE old: a new run created under the id after
+        # prune's GET would write parts that young before its head.
         prune = ["--store", url, "prune", "--completed", "--older-than", "0s", "--yes"]
+        assert cli.main(prune) == 0
+        assert "kept what is left of 1 deleted run(s) for now: chat/r" in capsys.readouterr().err
+        assert objects(store, "r") == left
+        age(tmp_path / "s", 2 * _cleanup.LEFTOVER_AGE)
         assert cli.main(prune) == 0
         assert "deleted what was left of 1 deleted run(s): chat/r" in capsys.readouterr().out
         assert not list(store.list("_index/done/"))

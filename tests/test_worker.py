@@ -389,7 +389,7 @@ def test_objects_that_are_no_run_never_stop_a_worker(
         report = ds.Worker(wf, poll=0.05).run(until_idle=True)
     assert (report.completed, report.errors) == (["r2"], [])
     assert "'r1 copy' is not a valid run id" in caplog.text
-    assert "durable-steps reindex --workflow fleet" in caplog.text
+    assert "reindex --workflow fleet" in caplog.text
 
 
 # --- the fleet --------------------------------------------------------------------------

@@ -31,7 +31,7 @@ from typing import Any
 from .. import _index
 from .._drivers import drive_sync
 from .._record import checkpoint as ckpt
-from .._run import clear_objects
+from .._run import clear_leftovers, clear_objects
 from ..errors import CheckpointConflict
 from ..stores import ObjectInfo, Store
 from ._base import (
@@ -235,7 +235,7 @@ def _delete_parts(store: Store, workflow: str, run_id: str) -> int:
 
 def _prune_leftovers(store: Store, args: argparse.Namespace, now: float) -> int:
     """List (dry run) or delete the parts interrupted deletes left; how many."""
-    if covered(store, args.workflow):  # a done entry is written after its head: no creation
+    if covered(store, args.workflow):  # through the index (parts kept LEFTOVER_AGE all the same)
         return _prune_orphans(store, args, now - args.older_than)
     found = _leftovers(store, args.workflow, now - max(args.older_than, LEFTOVER_AGE))
     parts = [info for infos in found.values() for info in infos]
@@ -263,14 +263,30 @@ def _prune_orphans(store: Store, args: argparse.Namespace, before: float) -> int
             names = ", ".join(sorted(f"{o.workflow}/{o.run_id}" for o in gone))
             print(f"would delete what is left of {len(gone)} deleted run(s): {names}")
         return len(gone)
+    # Parts as old as LEFTOVER_AGE only: a run created under the id after our GET
+    # writes its parts a moment before its head (then its entries wait too).
+    parts_before = min(before, time.time() - LEFTOVER_AGE)
+    cleared, young = [], []
     for orphan in orphans:  # the stale ones too: a done entry its head no longer calls for
+        name = f"{orphan.workflow}/{orphan.run_id}"
         if orphan.gone:
-            _delete_parts(store, orphan.workflow, orphan.run_id)
+            if not drive_sync(clear_leftovers(orphan.workflow, orphan.run_id, parts_before), store):
+                young.append(name)
+                continue
+            cleared.append(name)
         for key in orphan.keys:
             store.delete(key)
-    if gone:
-        names = ", ".join(sorted(f"{o.workflow}/{o.run_id}" for o in gone))
-        print(f"deleted what was left of {len(gone)} deleted run(s): {names}")
+    if cleared:
+        print(
+            f"deleted what was left of {len(cleared)} deleted run(s): {', '.join(sorted(cleared))}"
+        )
+    if young:
+        echo(
+            f"{PROG}: kept what is left of {len(young)} deleted run(s) for now: "
+            f"{', '.join(sorted(young))} (parts younger than {LEFTOVER_AGE / 60:.0f} minutes "
+            "may be a new run's, being created under the id); prune again later",
+            stream=sys.stderr,
+        )
     return len(gone)
 
 

@@ -12,6 +12,8 @@ commands list every run instead, as they always did.
 
 from __future__ import annotations
 
+import time
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 
@@ -64,10 +66,25 @@ def live(store: Store, workflow: str | None, limit: int | None = None) -> list[R
     """The live runs the index lists, the most recently changed first (at most
     ``limit``), each head read (finished ones left out).
     """
+    return _through_markers(store, workflow, limit)[0]
+
+
+def _through_markers(
+    store: Store, workflow: str | None, limit: int | None = None, *, only: str | None = None
+) -> tuple[list[RunInfo], list[RunInfo]]:
+    """The runs the live markers name (at most ``limit``; with ``only``, those with a
+    marker of that class), each head read: the live ones, and the finished ones — a
+    crash between a run's last head and its done entry leaves it with only its old
+    ``running`` marker, and it must not vanish from ``ls`` and ``prune`` for that.
+    """
     lives = [lv for lv in drive_sync(_index.live_runs(workflow), store) if lv.markers]
+    if only is not None:
+        lives = [lv for lv in lives if any(m.kind == only for m in lv.markers)]
     lives.sort(key=lambda lv: -lv.since)
     wanted = [(lv.workflow, lv.run_id, _signals(lv)) for lv in lives[:limit]]
-    return [run for run in _read(store, wanted) if run.status not in ("completed", "deleted")]
+    runs = _read(store, wanted)
+    over = [r for r in runs if r.status in ("completed", "deleted")]
+    return [r for r in runs if r.status not in ("completed", "deleted")], over
 
 
 def _signals(live: _index.Live) -> frozenset[str]:
@@ -77,13 +94,81 @@ def _signals(live: _index.Live) -> frozenset[str]:
 
 
 def done(store: Store, workflow: str | None, limit: int | None) -> list[_index.Entry]:
-    """The finished runs of ``workflow`` (None: every registered one), newest first."""
+    """The finished runs of ``workflow`` (None: every registered one), newest first,
+    as their done entries say (unchecked: :func:`_finished_heads` checks them).
+    """
     names = [workflow] if workflow else sorted(drive_sync(_index.workflows(), store))
     entries: list[_index.Entry] = []
     for name in names:
         entries += drive_sync(_index.done_runs(name, limit), store)
     entries.sort(key=lambda e: -(e.finished or 0.0))
     return entries if limit is None else entries[:limit]
+
+
+def _entries(
+    store: Store, workflow: str | None, status: str | None, limit: int | None
+) -> list[_index.Entry]:
+    """:func:`done`, only those of ``status`` (None: any), at most ``limit`` per workflow."""
+    if status is None:
+        return done(store, workflow, limit)
+    names = [workflow] if workflow else sorted(drive_sync(_index.workflows(), store))
+    entries: list[_index.Entry] = []
+    for name in names:  # each workflow's entries come newest first: stop at the limit
+        taken = 0
+        for info in store.list(_index.done_prefix(name)):
+            entry = _index.parse(info)
+            if entry is not None and entry.kind == status:
+                entries.append(entry)
+                taken += 1
+                if limit is not None and taken >= limit:
+                    break
+    entries.sort(key=lambda e: -(e.finished or 0.0))
+    return entries
+
+
+def _finished_heads(
+    store: Store,
+    workflow: str | None,
+    limit: int | None,
+    *,
+    status: str | None = None,
+    extra: Sequence[RunInfo] = (),
+) -> list[RunInfo]:
+    """The newest finished runs (of ``status``), at most ``limit``, by their done
+    entries — each checked against its head: a crash can leave an entry its head
+    no longer calls for (a tombstone's old ``completed`` one, a deleted run's, a
+    reused id's predecessor's). Such entries are skipped, each run shown once,
+    and more entries are read until ``limit`` runs are found or none are left.
+    ``extra``: finished runs found otherwise (through a stale marker), merged in.
+    """
+    ask = limit
+    while True:
+        entries = _entries(store, workflow, status, ask)
+        heads = _read(store, [(e.workflow, e.run_id, frozenset()) for e in entries])
+        found = {(r.workflow, r.run_id): r for r in heads}
+        runs: dict[tuple[str, str], RunInfo] = {}
+        for entry in entries:
+            run = found.get((entry.workflow, entry.run_id))
+            calls_for = None if run is None else _index.done_key_of(*run_key(run), run.header)
+            if run is not None and calls_for == entry.key:
+                runs.setdefault((run.workflow, run.run_id), run)
+        for run in extra:
+            if status is None or run.status == status:
+                runs.setdefault((run.workflow, run.run_id), run)
+        chosen = sorted(runs.values(), key=lambda r: -_updated(r))
+        if limit is None or len(chosen) >= limit or ask is None or len(entries) < ask:
+            return chosen if limit is None else chosen[:limit]
+        ask *= 2  # stale entries took places: read further
+
+
+def run_key(run: RunInfo) -> tuple[str, str]:
+    """``(workflow, run_id)`` of ``run``."""
+    return run.workflow, run.run_id
+
+
+def _updated(run: RunInfo) -> float:
+    when = (run.header or {}).get("updated_at")
+    return float(when) if isinstance(when, (int, float)) and not isinstance(when, bool) else 0.0
 
 
 @dataclass(frozen=True)
@@ -114,17 +199,28 @@ def aged(
             for e in done(store, workflow, None)
             if (e.finished or 0.0) <= finished_before
         ]
+    now, young = time.time(), set()
     for lv in drive_sync(_index.live_runs(workflow), store):
         keys = tuple(sorted(lv.keys))
         failing = failed and any(m.kind == "failed" for m in lv.markers)
         leftover = not lv.markers and finished_before is not None  # a gone run's nudges
-        if failing or leftover:
+        # A `running` marker may be all a crash left of a run that completed (its
+        # done entry not yet written); entries none of which changed in GRACE may be
+        # all an interrupted rm left (a waiting or in-doubt run's: no worker reads
+        # those heads soon). Their heads are read: live runs, at most.
+        maybe_done = any(m.kind == "running" for m in lv.markers)
+        untouched = all(now - e.modified > _index.GRACE for e in lv.entries)
+        if failing or leftover or (finished_before is not None and (maybe_done or untouched)):
             wanted.append((lv.workflow, lv.run_id, keys))
+            if not untouched:  # no head may be a creation in progress: not an orphan
+                young.add((lv.workflow, lv.run_id))
     found = {
         (r.workflow, r.run_id): r for r in _read(store, [(w, r, frozenset()) for w, r, _ in wanted])
     }
     runs = [found[w, r] for w, r, _ in wanted if (w, r) in found]
-    orphans = [Orphan(w, r, keys) for w, r, keys in wanted if (w, r) not in found]
+    orphans = [
+        Orphan(w, r, keys) for w, r, keys in wanted if (w, r) not in found and (w, r) not in young
+    ]
     for name, run_id, keys in wanted:
         run = found.get((name, run_id))
         calls_for = _index.done_key_of(name, run_id, run.header) if run is not None else None
@@ -135,33 +231,27 @@ def aged(
 
 
 def finished(store: Store, workflow: str | None, status: str, limit: int | None) -> list[RunInfo]:
-    """The newest finished runs with ``status`` (``completed``, ``deleted``), at most ``limit``."""
-    names = [workflow] if workflow else sorted(drive_sync(_index.workflows(), store))
-    entries: list[_index.Entry] = []
-    for name in names:  # each workflow's entries come newest first: stop at the limit
-        taken = 0
-        for info in store.list(_index.done_prefix(name)):
-            entry = _index.parse(info)
-            if entry is not None and entry.kind == status:
-                entries.append(entry)
-                taken += 1
-                if limit is not None and taken >= limit:
-                    break
-    entries.sort(key=lambda e: -(e.finished or 0.0))
-    chosen = entries if limit is None else entries[:limit]
-    return _read(store, [(e.workflow, e.run_id, frozenset()) for e in chosen])
+    """The newest finished runs with ``status`` (``completed``, ``deleted``), at most
+    ``limit``: by their done entries, and the runs whose last head a crash left with
+    only their ``running`` marker (each such head read: what is live, at most).
+    """
+    _, over = _through_markers(store, workflow, only="running")
+    return _finished_heads(store, workflow, limit, status=status, extra=over)
 
 
 def recent(store: Store, workflow: str | None, limit: int | None) -> list[RunInfo]:
     """The newest runs, live and finished: the live ones first, then the recently
     finished, at most ``limit`` in all (None: every one).
     """
-    runs = live(store, workflow, limit)
+    runs, over = _through_markers(store, workflow, limit)
     if limit is not None and len(runs) >= limit:
         return runs[:limit]
     left = None if limit is None else limit - len(runs)
-    finished = done(store, workflow, left)
-    return runs + _read(store, [(e.workflow, e.run_id, frozenset()) for e in finished])
+    shown = {run_key(r) for r in runs}
+    finished = [
+        r for r in _finished_heads(store, workflow, left, extra=over) if run_key(r) not in shown
+    ]
+    return runs + finished
 
 
 def locate_indexed(store: Store, run_id: str) -> list[str] | None:

@@ -32,7 +32,10 @@ __all__ = ["register"]
 def _cmd_reindex(args: argparse.Namespace, store: Store, style: Style) -> int:
     keys, _ = _listing(store, args.workflow)
     existing = {info.key for info in store.list(_index.live_prefix(args.workflow))}
-    workflows = sorted({w for w, _, _ in keys} | ({args.workflow} if args.workflow else set()))
+    # Without --workflow, the registered ones too: a workflow registered partial
+    # whose runs are all gone has nothing to list, and must not stay partial.
+    named = {args.workflow} if args.workflow else set(drive_sync(_index.workflows(), store))
+    workflows = sorted({w for w, _, _ in keys} | named)
     for workflow in workflows:
         existing |= {info.key for info in store.list(_index.done_prefix(workflow))}
     counts: defaultdict[str, int] = defaultdict(int)
