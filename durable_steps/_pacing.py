@@ -77,7 +77,7 @@ import math
 import time
 from typing import Any
 
-__all__ = ["RECENT", "Pace", "write_interval"]
+__all__ = ["RECENT", "Pace", "wait_until", "write_interval"]
 
 MAX_INTERVAL = 60.0
 """A larger declared interval is taken for a mistake and capped (a step would
@@ -103,6 +103,15 @@ def write_interval(store: Any) -> float:
     if not math.isfinite(value) or value <= 0:
         return 0.0
     return min(float(value), MAX_INTERVAL)
+
+
+def wait_until(moment: float) -> None:
+    """Sleep until ``moment`` (``time.monotonic()``): a write slot. Pacing is
+    the store's limit, not a retry, so ``testing.no_wait()`` does not skip it.
+    """
+    delay = moment - time.monotonic()
+    if delay > 0:
+        time.sleep(delay)
 
 
 class Pace:
