@@ -25,7 +25,10 @@ Deferred call results
     writes the queue when the slot is due (unless another write — an
     effect's intent, a wait — carried it first). Until then it is kept in
     :attr:`Log.deferred`, where a replay in this process finds it. Nothing
-    else is ever deferred, and on other stores nothing is.
+    else is ever deferred, and on other stores nothing is. The runner's own
+    records (:meth:`Log.record`) go through the same queue, and before a
+    suspension it writes what is still deferred (:meth:`Log.flush`): one
+    writer of the head, in turn, so no two writes ever share a slot.
 """
 
 from __future__ import annotations
@@ -38,9 +41,8 @@ import typing
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
-from ._drivers import Blocking
+from ._drivers import Blocking, drive_sync
 from ._drivers import Protocol as DriverProtocol
-from ._drivers import drive_sync
 from ._record import checkpoint as ckpt
 from ._record import format2 as f2
 from .errors import CheckpointConflict, CorruptCheckpoint, DefinitionError, SerializationError

@@ -72,7 +72,8 @@ def test_a_sync_wait_for_writes_the_deferred_calls_before_it_suspends(tmp_path: 
         wf.run("r1", {})
     head = read_head(store.inner, "w", "r1")
     assert head.status == "waiting"
-    assert head.journal is not None and head.journal["calls"] == 1
+    assert head.journal is not None
+    assert head.journal["calls"] == 1
     wf.signal("r1", "go", True)
     assert wf.run("r1", {}) == {"draft": "draft v1", "ok": True}
     assert executed == ["draft"], "the finished call replayed after the wake"
@@ -108,6 +109,7 @@ def test_an_async_wait_writes_the_deferred_calls_in_one_writer(wait: str, tmp_pa
     assert head.journal is not None
     assert head.journal["calls"] == (3 if wait == "sleep" else 2)  # a, b (and the wake time)
     if wait == "sleep":
+        assert head.wait is not None
         time.sleep(max(0.0, head.wait["until"] - time.time()) + 0.05)
     else:
         wf.signal("r1", "go")
@@ -138,7 +140,8 @@ def test_an_async_sleep_after_quick_calls_meets_no_429_on_gcs(
         with pytest.raises(ds.RunSuspended):
             asyncio.run(wf.arun("r1", {}))
         head = read_head(store, "s", "r1")
-        assert head.wait is not None and head.journal is not None
+        assert head.wait is not None
+        assert head.journal is not None
         assert head.journal["calls"] == 3  # a, b and the wake time, none lost to a clash
         time.sleep(max(0.0, head.wait["until"] - time.time()) + 0.05)
         assert asyncio.run(wf.arun("r1", {})) == {"got": ["a", "b"]}
@@ -187,7 +190,8 @@ def test_the_smallest_lease_allowed_holds_under_store_latency(tmp_path: Path) ->
     wf.run("r1", {})
     assert len(store.landed) >= 4
     for (_, until), (landed, _) in itertools.pairwise(store.landed):
-        assert until is not None and landed < until, store.landed
+        assert until is not None
+        assert landed < until, store.landed
 
 
 class Twin(Paced):
@@ -215,11 +219,10 @@ def test_a_refused_write_never_overwrites_another_write_of_ours(tmp_path: Path) 
     @wf.step
     def work(state: dict[str, Any], ctx: ds.Context) -> None:
         for i in range(3):
-            ctx.call(f"c{i}", lambda i=i: i)
+            ctx.call(f"c{i}", int, i)
 
     with pytest.raises(ds.CheckpointConflict):
         wf.run("r1", {})
     twin = read_head(store.inner, "t", "r1")
-    assert twin.journal is not None and twin.journal["calls"] == 1  # left as it was
-
-
+    assert twin.journal is not None
+    assert twin.journal["calls"] == 1
