@@ -27,6 +27,7 @@ if TYPE_CHECKING:
 __all__ = [
     "Await",
     "AwaitableInSyncRun",
+    "Blocking",
     "Call",
     "Delete",
     "Get",
@@ -124,6 +125,17 @@ class Await:
 
 
 @dataclass(frozen=True)
+class Blocking:
+    """Call the library's own blocking code (a journal write, which takes the
+    run's lock; a wait for a write slot): in this thread, or in a worker
+    thread under asyncio, so it never blocks the event loop.
+    """
+
+    fn: Callable[..., Any]
+    args: tuple[Any, ...] = ()
+
+
+@dataclass(frozen=True)
 class Sleep:
     """Wait between retries (skipped under ``testing.no_wait()``)."""
 
@@ -138,7 +150,9 @@ class AwaitableInSyncRun(DefinitionError):
     """
 
 
-Effect = Get | GetMany | ListKeys | ListObjects | Put | Delete | Sweep | Call | Await | Sleep
+Effect = (
+    Get | GetMany | ListKeys | ListObjects | Put | Delete | Sweep | Call | Await | Blocking | Sleep
+)
 Protocol = Generator[Effect, Any, T]
 
 
@@ -163,6 +177,8 @@ def _perform(effect: Effect, store: Store) -> Any:
         return result
     if isinstance(effect, Await):
         return futures.wait(effect.futures)
+    if isinstance(effect, Blocking):
+        return effect.fn(*effect.args)
     if isinstance(effect, Sleep):
         if not testing.sleeps_disabled():
             time.sleep(effect.seconds)

@@ -25,7 +25,10 @@ Deferred call results
     writes the queue when the slot is due (unless another write — an
     effect's intent, a wait — carried it first). Until then it is kept in
     :attr:`Log.deferred`, where a replay in this process finds it. Nothing
-    else is ever deferred, and on other stores nothing is.
+    else is ever deferred, and on other stores nothing is. The runner's own
+    records (:meth:`Log.record`) go through the same queue, and before a
+    suspension it writes what is still deferred (:meth:`Log.flush`): one
+    writer of the head, in turn, so no two writes ever share a slot.
 """
 
 from __future__ import annotations
@@ -38,8 +41,8 @@ import typing
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
+from ._drivers import Blocking, drive_sync
 from ._drivers import Protocol as DriverProtocol
-from ._drivers import drive_sync
 from ._record import checkpoint as ckpt
 from ._record import format2 as f2
 from .errors import CheckpointConflict, CorruptCheckpoint, DefinitionError, SerializationError
@@ -334,17 +337,23 @@ class Log:
         self.open, self.results = opened, results
 
     def record(self, name: str, kind: Kind, key: str | None, value: Any) -> DriverProtocol[Any]:
-        """Record ``value`` as ``name``'s result for the runner, before the step
-        runs (what ``reconcile`` said an effect returned): one head write, made by
-        the runner's driver, so never on an event loop. Returns the value decoded.
+        """Record ``value`` as ``name``'s result for the runner (what ``reconcile``
+        said an effect returned, what a wait left pending): one head write, made
+        by the runner's driver, so never on an event loop. Returns the value decoded.
         """
-        run = self.run
         result = self._encode(name, kind, key, value)
-        opened, results, field, records = self._applied([Change(name, result=result)])
-        header, tail = self._head(field, records)
-        yield from run.rewrite(header, tail, self.step, balance=True)
-        self.open, self.results = opened, results
+        # Through the journal's one write path, in a worker thread under asyncio:
+        # under the run's lock, serialized with the timer's and the heartbeat's
+        # writes, and carrying the deferred call results (never a second writer).
+        yield Blocking(self._durable, (Change(name, result=result),))
         return self._value(result)
+
+    def flush(self) -> DriverProtocol[None]:
+        """Write the deferred call results now, if any (before the run suspends:
+        the wait's own write is the runner's, after :meth:`close`). Off any loop.
+        """
+        if self.deferred:
+            yield Blocking(self._durable, (None,))
 
     def _applied(
         self, batch: list[Change]

@@ -52,10 +52,48 @@ What may wait for the next slot, and what may not
     results are obsolete once the state they produced is committed, so
     nothing is written for them then — a quick step costs its commit only.
     A step that fails (its retries given up) loses the deferred results with
-    the process; a resume runs those calls again. So does a step suspended
-    again by a wait it had recorded already (a run woken before its time):
-    its suspension writes the head the runner holds, not the journal's queue.
-    (A first wait records itself, and that write carries the queue.)
+    the process; a resume runs those calls again.
+
+    A wait is different again: the step runs again from its start when the
+    run wakes, so its finished calls must be durable by then. A wait that
+    records something (a wake time, a deadline — in a sync step itself, in
+    an async step by the runner, off the loop) writes it through the
+    journal's queue, and that write carries the deferred results; a wait
+    that records nothing (``wait_for`` without a timeout, a wait recorded
+    already) has the runner write the deferred results just before the
+    suspension (:meth:`~durable_steps._log.Log.flush`). Then the journal is
+    closed — its timer cancelled, any write in flight finished — and only
+    then does the runner write the suspension.
+
+One writer
+    Every head write of a run while a step runs goes through one path, in
+    turn: the journal's group commit (``Log._durable``), under ``run.lock``.
+    The step's calls and effects, the timer, and the runner's own records
+    (``Log.record``: a wake time, a received signal, what ``reconcile``
+    said) all queue there, so each write carries everything queued, and
+    two writes never share a slot. The heartbeat's renewal takes
+    ``run.lock`` too, so it never races them; it rewrites the head as last
+    written and does not carry the deferred results (the timer, due by
+    then, does). Writes outside a step (claim, intent, commit,
+    suspension) are made by the runner when no journal is open. Two
+    writers of ours would race for one slot (a 429 on GCS) and the loser,
+    finding our own token in the head, used to re-send its data over the
+    winner's, silently dropping what that one carried. Now a refused write
+    adopts the head only if it *is* ours: the very bytes just sent (the
+    answer was lost) or those of our last failed write (which this one
+    supersedes); any other head with our token is a real conflict.
+
+The lease
+    Every head write stamps the run's lease (``owner.until``). The stamp is
+    made after the write's wait for its slot and after the index writes
+    before it, right before the PUT is sent: stamped earlier, a write that
+    waited a whole interval for its slot would store a lease already an
+    interval short. The time a write takes to land still counts against
+    it: between two writes the stored lease must outlast about the interval
+    plus two writes' latency, so the smallest lease allowed (3 x interval)
+    holds while each write lands within about 0.9 x the interval (measured:
+    writes taking 0.9 s on a 1 s interval left 0.2 s of the lease). A slower
+    link needs a longer lease (the error for a too-short one says so).
 
 What other stores pay
     Nothing: a store without ``min_write_interval`` (local, S3, Azure,
@@ -77,7 +115,7 @@ import math
 import time
 from typing import Any
 
-__all__ = ["RECENT", "Pace", "write_interval"]
+__all__ = ["RECENT", "Pace", "wait_until", "write_interval"]
 
 MAX_INTERVAL = 60.0
 """A larger declared interval is taken for a mistake and capped (a step would
@@ -103,6 +141,15 @@ def write_interval(store: Any) -> float:
     if not math.isfinite(value) or value <= 0:
         return 0.0
     return min(float(value), MAX_INTERVAL)
+
+
+def wait_until(moment: float) -> None:
+    """Sleep until ``moment`` (``time.monotonic()``): a write slot. Pacing is
+    the store's limit, not a retry, so ``testing.no_wait()`` does not skip it.
+    """
+    delay = moment - time.monotonic()
+    if delay > 0:
+        time.sleep(delay)
 
 
 class Pace:

@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
-from . import _index
-from ._drivers import Delete, Get, ListKeys, ListObjects, Protocol, Put, Sweep, drive_sync
+from . import _index, _pacing
+from ._drivers import Blocking, Delete, Get, ListKeys, ListObjects, Protocol, Put, Sweep, drive_sync
 from ._events import Event, EventKind, emit, logger
 from ._lease import Heartbeat, Owner, describe
 from ._pacing import Pace, write_interval
@@ -56,6 +57,8 @@ class RunState:
         self.owner = Owner(plan.lease, lambda: store_skew(plan.store))
         self.signer = plan.serializer if isinstance(plan.serializer, SignedSerializer) else None
         self.gone = False
+        self.unanswered: bytes | None = None
+        """The last head we sent whose answer was an error (it may have landed)."""
         """The checkpoint vanished under a write (deleted while the run ran)."""
         self.rival: dict[str, Any] | None = None
         """The owner record found by the last refused write, if any."""
@@ -346,22 +349,33 @@ class RunState:
         :class:`CheckpointConflict`, and nothing was overwritten.
         """
         header = self.stamp(header, release=release)
-        data = ckpt.encode(header, self.payload if payload is None else payload, self.signer)
         creating = self.version is None
         try:
             if creating:  # its index entry first, so the new run is findable (see _index)
                 yield from self._mark(header)
             else:
                 yield from _index.leaving(self.entry, header)
+            slot = self.pace.slot()
+            if slot > time.monotonic():
+                yield Blocking(_pacing.wait_until, (slot,))
+            # Only now the lease: stamped before the index writes and the wait
+            # for the slot, it would run out that much sooner after the head
+            # lands (see ``_pacing``, "The lease").
+            header = self.stamp(header, release=release)
+            data = ckpt.encode(header, self.payload if payload is None else payload, self.signer)
+            previous, self.unanswered = self.unanswered, data
             try:
                 self.version = yield Put(self.key, data, self.version, self.pace.slot())
             except CheckpointConflict:
                 found = yield Get(self.key)
-                if not self._adopt(found):
+                if not self._adopt(found, (data, previous)):
                     raise
-                self.version = yield Put(self.key, data, self.version, self.pace.slot())
+                assert found is not None
+                if found[0] != data:  # our previous write, which failed: this one supersedes it
+                    self.version = yield Put(self.key, data, self.version, self.pace.slot())
             finally:  # answered, landed or not: the next write keeps its distance
                 self.pace.wrote()
+            self.unanswered = None
         except CheckpointConflict as exc:
             if creating:  # another process made the run: our marker is nobody's
                 yield from _index.abandoned(header)
@@ -388,8 +402,16 @@ class RunState:
                 "entry and its head, so the head was not written (nothing was created)"
             )
 
-    def _adopt(self, found: tuple[bytes, str] | None) -> bool:
-        """Take ``found`` as our own last write if it carries our owner token."""
+    def _adopt(self, found: tuple[bytes, str] | None, ours: tuple[bytes | None, ...]) -> bool:
+        """Take ``found`` as our own write if it is one of ``ours``: the write
+        just refused (it landed and its answer was lost, or a retry of it was
+        refused), or our last write that failed (it landed all the same; the
+        one refused is newer and supersedes it). Anything else, even with our
+        owner token, is refused: all of a run's head writes are made by one
+        writer, in turn (under ``lock`` while a step runs), so an unknown
+        write of ours would be a second writer, and overwriting it could lose
+        what it carried.
+        """
         if found is None:
             self.gone = True
             return False
@@ -399,6 +421,13 @@ class RunState:
             return False
         self.rival = header.owner
         if (header.owner or {}).get("token") != self.owner.token:
+            return False
+        if found[0] not in ours:
+            logger.error(
+                "run %s: the head holds a write of this execution that its writer did not "
+                "send last; it is left as it is and the run stops (please report it)",
+                self.name,
+            )
             return False
         logger.info("run %s: an earlier write of ours landed unreported; continuing", self.name)
         self.version = found[1]

@@ -260,6 +260,9 @@ def _attempts(
                         ctx.attempt += 1
                         run.state = run.restore()
                         continue
+                # The deferred call results first: after the wake the step runs
+                # again, and its finished calls must replay, not run again.
+                yield from journal.flush()
                 suspended = wait
                 break
     finally:

@@ -203,7 +203,9 @@ class Workflow:
             raise DefinitionError(
                 f"workflow {self.name!r}: lease={self.lease:g} s is too short for "
                 f"{self.store!r}, which allows one write of an object every {interval:g} s: "
-                f"the lease is renewed every third of it. Use lease={3 * interval:g} or more."
+                f"the lease is renewed every third of it. Use lease={3 * interval:g} or more, "
+                f"and more than {interval:g} s plus twice the time a write takes to land "
+                "(a slow link: see docs/stores/gcs.md)."
             )
         if not asynchronous:
             for s in self._steps:
