@@ -38,13 +38,18 @@ _YES = frozenset({"approve", "approved", "yes"})
 _NO = frozenset({"reject", "rejected", "no"})
 
 
-def signal_name(item: ToolApprovalItem) -> str:
-    """The signal that decides ``item``: ``approve:<tool call id>``."""
+def signal_name(item: ToolApprovalItem, prefix: str = "", iteration: int = 0) -> str:
+    """The signal that decides ``item``: ``approve:<tool call id>`` — with the run's
+    prefix (``approve:refunds:<id>`` for ``run_name="refunds"``) and, from the second
+    pass of a loop on, the pass (``approve:<id>@2``), so no approval is asked for
+    under a name a signal was delivered to already.
+    """
     raw = item.raw_item
     call_id = raw.get("call_id") if isinstance(raw, dict) else getattr(raw, "call_id", None)
     if not call_id:
         call_id = getattr(raw, "id", None) or item.tool_name or "tool"
-    return "approve:" + _NOT_IN_NAME.sub("-", str(call_id))[:190]
+    name = _NOT_IN_NAME.sub("-", f"{prefix}{call_id}")[:180]
+    return f"approve:{name}" + (f"@{iteration}" if iteration else "")
 
 
 def decide(payload: Any, signal: str) -> tuple[bool, str | None]:

@@ -37,7 +37,7 @@ from agents import Agent, FunctionTool, Handoff
 from agents.guardrail import InputGuardrail, OutputGuardrail
 from agents.models.interface import Model
 
-from ._binding import Binding, key_var
+from ._binding import Binding, errors_var, key_var
 from ._items import dump_guardrail, dump_tool_result, load_guardrail, tool_title
 from ._model import JournaledModel
 
@@ -161,7 +161,15 @@ def _journaled_invoker(
         title = tool_title(tool, arguments)
 
         async def call() -> Any:
-            return dump_tool_result(await invoke(tool_ctx, arguments), tool, ctx, effect=effect)
+            errors: list[BaseException] = []
+            token = errors_var.set(errors)
+            try:
+                result = await invoke(tool_ctx, arguments)
+            finally:
+                errors_var.reset(token)
+            if errors:  # ours, which the SDK's failure handler made a message: raise it
+                raise errors[0]
+            return dump_tool_result(result, tool, ctx, effect=effect)
 
         async def fire(*, idempotency_key: str) -> Any:
             token = key_var.set((call_id, idempotency_key))

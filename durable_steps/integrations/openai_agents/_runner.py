@@ -16,7 +16,7 @@ from agents.models.multi_provider import MultiProvider
 
 from ...errors import DefinitionError
 from ._approvals import decide, signal_name
-from ._binding import Binding, prefix
+from ._binding import Binding, prefix, running
 from ._graph import Graph, wrap_guardrails
 from ._model import JournaledModel, JournaledProvider
 from ._session import JournaledSession
@@ -71,7 +71,13 @@ class DurableRunner:
         self.approval_timeout = approval_timeout
 
     def run_sync(
-        self, starting_agent: Agent[Any], input: Any, *, ctx: Context, **kwargs: Any
+        self,
+        starting_agent: Agent[Any],
+        input: Any,
+        *,
+        ctx: Context,
+        run_name: str | None = None,
+        **kwargs: Any,
     ) -> RunResult:
         """:meth:`run` in a sync step, on the thread's event loop (as ``Runner.run_sync``)."""
         try:
@@ -99,7 +105,9 @@ class DurableRunner:
         if loop.is_closed():
             loop = policy.new_event_loop()
             policy.set_event_loop(loop)
-        task = loop.create_task(self.run(starting_agent, input, ctx=ctx, **kwargs))
+        task = loop.create_task(
+            self.run(starting_agent, input, ctx=ctx, run_name=run_name, **kwargs)
+        )
         try:
             return loop.run_until_complete(task)
         except BaseException:
@@ -110,7 +118,13 @@ class DurableRunner:
             raise
 
     async def run(
-        self, starting_agent: Agent[Any], input: Any, *, ctx: Context, **kwargs: Any
+        self,
+        starting_agent: Agent[Any],
+        input: Any,
+        *,
+        ctx: Context,
+        run_name: str | None = None,
+        **kwargs: Any,
     ) -> RunResult:
         """Run ``starting_agent`` on ``input`` inside a step, as ``Runner.run`` does.
 
@@ -119,8 +133,23 @@ class DurableRunner:
         ``Runner.run``. Tool approvals are waited for durably (see the
         package docstring), so the result has no ``interruptions``.
         ``result.last_agent`` is the user's agent, not the runner's copy of it.
+
+        ``run_name`` names this run's records (and its approvals' signals):
+        needed for runs that overlap in one step (``asyncio.gather``,
+        threads, a run inside a tool), which an unnamed run refuses; runs one
+        after another are numbered in order.
         """
-        binding = Binding(ctx, prefix(ctx), self.effects, self.live)
+        binding = Binding(ctx, prefix(ctx, run_name), self.effects, self.live)
+        running[ctx] = running.get(ctx, 0) + 1
+        try:
+            return await self._run(binding, starting_agent, input, kwargs)
+        finally:
+            running[ctx] -= 1
+
+    async def _run(
+        self, binding: Binding, starting_agent: Agent[Any], input: Any, kwargs: dict[str, Any]
+    ) -> RunResult:
+        ctx = binding.ctx
         graph = Graph(binding)
         self._check_names(ctx, graph, starting_agent)
         run_config, owned = self._run_config(kwargs.pop("run_config", None), binding)
@@ -136,7 +165,7 @@ class DurableRunner:
             while result.interruptions:
                 state = result.to_state()
                 for item in result.interruptions:
-                    signal = signal_name(item)
+                    signal = signal_name(item, binding.prefix, ctx.iteration)
                     payload = ctx.wait_for(signal, self.approval_timeout)
                     approved, message = decide(payload, signal)
                     if approved:
