@@ -78,7 +78,8 @@ def register(command: Callable[..., Any]) -> None:
         "journaled calls and effects with their keys, waits, failures), its owner and lease, "
         "its state; and the actions of signal, resolve, fork and rm, each confirmed first. "
         "Listens on loopback unless --host says otherwise; actions are taken only from "
-        "loopback, and every action needs a token only the page it served holds. Needs the ui extra: pip install 'durable-steps[ui]'.",
+        "loopback, and every action needs a token only the page it served holds. "
+        "Needs the ui extra: pip install 'durable-steps[ui]'.",
     )
     ui.add_argument(
         "--host", default="127.0.0.1", help="the address to listen on (default: %(default)s)"

@@ -86,8 +86,9 @@ class History:
 
 
 def _entry(c: history.Commit) -> Entry:
+    # The log keeps each count in 6 bits (history.py): 63 means "63 or more".
     journal = ", ".join(
-        f"{n} {what}{'s' * (n != 1)}"
+        f"{'63+' if n >= 63 else n} {what}{'s' * (n != 1)}"
         for n, what in ((c.calls, "call"), (c.effects, "effect"), (c.waits, "wait"))
         if n
     )
