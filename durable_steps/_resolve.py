@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import time
 from typing import TYPE_CHECKING, Any
 
 from . import _index
@@ -10,6 +11,7 @@ from ._drivers import drive_sync
 from ._lease import describe, is_live
 from ._record import checkpoint as ckpt
 from ._record import format2 as f2
+from ._record import history
 from ._run import store_skew
 from .errors import CheckpointConflict, DefinitionError, DurableStepsError, RunLocked
 from .serializers import plain_json
@@ -121,6 +123,17 @@ def resolve(
         ]
         changes["journal"] = {**journal, "open": opened}
     resolved = header.evolve(**changes)
+    if isinstance(step, str):  # the timeline's record of it (a head rewritten anyway)
+        entry = history.add(
+            resolved,
+            history.RESOLUTION,
+            step,
+            1 if fired else 0,
+            0.0,
+            time.time(),
+            (0, min(len(effects), 63), 0),
+        )
+        resolved = resolved.replace(log=entry)
     if result is not NO_RESULT:
         if serializer is None or serializer.name != header.serializer:
             raise DefinitionError(

@@ -416,3 +416,17 @@ def test_a_step_of_many_calls_shows_63_plus(serve: Any) -> None:
     app = serve(store)
     _, _, body = fetch(app.url + "/runs/many/m1")
     assert "63+ calls" in body
+
+
+def test_a_resolution_is_on_the_timeline(serve: Any, tmp_path: Path) -> None:
+    """resolve() records what a person decided in the run's history (the head it
+    rewrites anyway): the timeline shows it, and the commit after it."""
+    pay(tmp_path, crash="A")
+    store = ds.LocalStore(tmp_path / "s")
+    ds.Workflow("pay", store=store).resolve("o1", fired=True, result={"id": "A-real"})
+    assert json.loads(pay(tmp_path)) == {"a": {"id": "A-real"}, "b": {"id": "B-real"}}
+    app = serve(store)
+    _, _, body = fetch(app.url + "/runs/pay/o1")
+    assert "resolved by a person: fired" in body
+    assert "1 effect in doubt" in body
+    assert body.index("resolved by a person") < body.index("<td>committed</td>")

@@ -150,9 +150,12 @@ def local_client(request: Request) -> bool:
     if client is None:
         return False
     try:
-        return ipaddress.ip_address(client.host).is_loopback
+        address = ipaddress.ip_address(client.host)
     except ValueError:
         return False
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        address = address.ipv4_mapped  # 127.0.0.1 through a dual-stack "::" socket
+    return address.is_loopback
 
 
 Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]

@@ -102,6 +102,19 @@ def _entry(c: history.Commit) -> Entry:
             None,
             "resolved as fired: counted as done, not run",
         )
+    if c.kind == "resolution":
+        what = f"{c.effects} effect{'s' * (c.effects != 1)}" if c.effects else "the step"
+        verdict = "fired" if c.attempts else "did not fire"
+        return Entry(
+            c.start,
+            "resolution",
+            c.step,
+            c.iteration,
+            None,
+            None,
+            f"resolved by a person: {verdict}",
+            detail=f"{what} in doubt",
+        )
     if c.kind == "failed":
         return Entry(
             c.start,
