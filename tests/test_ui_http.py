@@ -170,6 +170,7 @@ def test_a_wildcard_bind_answers_only_to_its_own_names(serve: Any) -> None:
     code, headers, body = fetch(app.url + "/runs/w/r1", headers=host)
     assert code == 421, body
     assert token_of(body) is None
+    assert socket.gethostname() not in body  # a rebinding page learns no name to use
     assert "frame-ancestors 'none'" in headers["content-security-policy"]
     assert headers["x-frame-options"] == "DENY"
     for name in (f"127.0.0.1:{app.port}", f"localhost:{app.port}", f"dash.example:{app.port}"):

@@ -181,9 +181,10 @@ class _Guard:
 
         host = dict(scope["headers"]).get(b"host", b"").decode("latin-1").lower()
         if not self.config.accepts(host, scope.get("server"), self.allowed):
+            # Its names are not listed: whoever sent this Host may be a rebinding page.
             response = PlainTextResponse(
-                f"this server answers to {', '.join(sorted(self.allowed))}, not {host!r} "
-                "(a name of this machine? start it with --allow-host NAME)",
+                f"this server does not answer to {host!r} (a name of this machine? start "
+                "durable-steps ui with --allow-host NAME)",
                 421,
             )
             await response(scope, receive, secured)
