@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import time
 from typing import TYPE_CHECKING, Any
 
 from . import _index
@@ -10,6 +11,7 @@ from ._drivers import drive_sync
 from ._lease import describe, is_live
 from ._record import checkpoint as ckpt
 from ._record import format2 as f2
+from ._record import history
 from ._run import store_skew
 from .errors import CheckpointConflict, DefinitionError, DurableStepsError, RunLocked
 from .serializers import plain_json
@@ -21,7 +23,21 @@ if TYPE_CHECKING:
 NO_RESULT: Any = object()
 """``resolve``'s default: no result given (None is a result)."""
 
-__all__ = ["NO_RESULT", "resolve"]
+__all__ = ["NO_RESULT", "doubt_keys", "resolve"]
+
+
+def doubt_keys(header: ckpt.Checkpoint) -> list[str]:
+    """The idempotency keys of what is in doubt in ``header``, sorted: its
+    unresolved step intent's and each unresolved effect's. What a person saw
+    in doubt, named exactly (``resolve(expect=...)``).
+    """
+    keys = []
+    if header.intent is not None and header.intent.get("resolution") is None:
+        keys.append(str(header.intent.get("key")))
+    for effect in (header.journal or {}).get("open", ()):
+        if isinstance(effect, dict) and effect.get("resolution") is None:
+            keys.append(str(effect.get("key")))
+    return sorted(keys)
 
 
 def resolve(
@@ -34,6 +50,7 @@ def resolve(
     signer: ckpt.Signer | None = None,
     result: Any = NO_RESULT,
     serializer: Serializer | None = None,
+    expect: list[str] | None = None,
 ) -> None:
     """Record what happened to a run's in-doubt step (see ``Workflow.resolve``).
 
@@ -41,6 +58,12 @@ def resolve(
     refused, since the rewritten header could not be signed. ``result``
     (with ``fired=True``) is what the one effect in doubt returned, recorded
     with ``serializer`` (the run's).
+
+    ``expect``: the keys (:func:`doubt_keys`) of what the caller was shown in
+    doubt. When what is in doubt now is not exactly that (it was resolved
+    elsewhere, the run went on and is in doubt at another effect), nothing is
+    changed: ``CheckpointConflict``. The check and the write are one: the
+    write is conditional on the checkpoint that was checked.
     """
     if result is not NO_RESULT and not fired:
         raise DefinitionError(
@@ -70,6 +93,15 @@ def resolve(
             run=name,
         )
     step = header.intent.get("step") if header.intent else (journal or {}).get("step")
+    if expect is not None and sorted(expect) != doubt_keys(header):
+        now = ", ".join(doubt_keys(header)) or "nothing"
+        raise CheckpointConflict(
+            f"run {name}: what is in doubt changed since it was shown (shown: "
+            f"{', '.join(sorted(expect)) or 'nothing'}; now: {now}); nothing was resolved. "
+            "Look at the run again and decide for what is in doubt now.",
+            run=name,
+            step=step,
+        )
     if is_live(header.owner, skew=store_skew(store), since=header.updated_at) and not force:
         assert header.owner is not None
         raise RunLocked(
@@ -91,6 +123,17 @@ def resolve(
         ]
         changes["journal"] = {**journal, "open": opened}
     resolved = header.evolve(**changes)
+    if isinstance(step, str):  # the timeline's record of it (a head rewritten anyway)
+        entry = history.add(
+            resolved,
+            history.RESOLUTION,
+            step,
+            1 if fired else 0,
+            0.0,
+            time.time(),
+            (0, min(len(effects), 63), 0),
+        )
+        resolved = resolved.replace(log=entry)
     if result is not NO_RESULT:
         if serializer is None or serializer.name != header.serializer:
             raise DefinitionError(

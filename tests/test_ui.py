@@ -272,7 +272,7 @@ def test_a_signal_sent_from_the_page_reaches_the_run(served: Served, page: Any) 
     another process, gets the payload from ctx.wait_for."""
     page.goto(served.url + "/runs/support-agent/ticket-4411")
     assert page.get_by_label("Signal name").input_value() == "approval"
-    page.get_by_label("Payload (JSON)").fill('{"approved": true, "by": "ana"}')
+    page.get_by_label("payload (JSON; empty sends null)").fill('{"approved": true, "by": "ana"}')
     page.get_by_role("button", name="Send signal…").click()
     assert "Send signal 'approval' to run support-agent/ticket-4411" in page.inner_text("main")
     assert not signal_object(served.path, "support-agent/ticket-4411", "approval").exists()

@@ -118,3 +118,31 @@ def test_a_pickle_state_is_an_outline_unless_unsafe_unpickle(tmp_path: Path) -> 
     decoded = _detail.run_page(store, "pick", "p", unsafe=True)
     assert decoded.tree is not None
     assert marker.exists()
+
+
+def test_the_outline_names_what_a_pickle_imports_however_it_is_hidden() -> None:
+    """INST is counted; STACK_GLOBAL's operands are taken from the simulated stack and
+    memo, not from the last strings seen; a signed pickle's tag is skipped; what cannot
+    be read says "unknown" instead of an empty list. Nothing here is unpickled."""
+    from durable_steps.ui._state import outline
+
+    inst = b"(S'echo hi'\nios\nsystem\n."
+    assert outline([inst])["imports"] == [("os.system", 1)]
+
+    def text(s: str) -> bytes:
+        return b"\x8c" + bytes([len(s)]) + s.encode()
+
+    decoy = (
+        b"\x80\x04"
+        + text("os") + b"\x94" + b"0"
+        + text("system") + b"\x94" + b"0"
+        + text("collections") + text("OrderedDict") + b"00"
+        + b"h\x00h\x01\x93."
+    )  # fmt: skip
+    got = outline([decoy])
+    assert got["imports"] == [("os.system", 1)]
+    assert not got["unknown"]
+    signed = outline([b"t" * 32 + inst.replace(b"(S", b"\x80\x02(S")], signed=True)
+    assert signed["imports"] == [("os.system", 1)]
+    assert outline([b"\x80\x04h\x07h\x08\x93."])["unknown"]  # operands nobody put there
+    assert outline([b"\x80\x04\xff garbage"])["unknown"]

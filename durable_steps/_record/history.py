@@ -9,12 +9,15 @@ The record (design decision)
     Each commit (and each failure that stops a run) appends one *entry* to
     the header's ``log`` field: six unsigned LEB128 varints — ``attempts * 4
     + kind`` (kind 0 a commit, 1 a step resolved as fired, so not run, 2 a
-    failure), ``name`` (an index into ``log.names``), the pass and the start
-    as *differences* from the entry before (the start from that entry's end,
-    in milliseconds, zigzag-coded: a clock may step back), the duration (ms),
-    and the journal (``calls + 64 * effects + 4096 * waits``). A typical
-    entry is 6 or 7 bytes. A *segment* (the head's entries, or a chunk's)
-    starts from pass 0 at the run's ``created_at``, so each decodes alone.
+    failure, 3 a person's resolution of what was in doubt, written by
+    ``resolve`` with the head it rewrites anyway: its "attempts" is 1 for
+    fired, 0 for not fired, its journal the effects resolved), ``name`` (an
+    index into ``log.names``), the pass and the start as *differences* from
+    the entry before (the start from that entry's end, in milliseconds,
+    zigzag-coded: a clock may step back), the duration (ms), and the
+    journal (``calls + 64 * effects + 4096 * waits``). A typical entry is 6
+    or 7 bytes. A *segment* (the head's entries, or a chunk's) starts from
+    pass 0 at the run's ``created_at``, so each decodes alone.
 Where the entries live
     The head holds the entries since the last *chunk* (base64, ``log.recent``).
     Once they are :func:`due` (at least :data:`SPILL_AT`, and an eighth of
@@ -83,8 +86,8 @@ SPILL_SHARE = 8
 """...and until they are an eighth of the run's stored bytes (its tail and parts)."""
 SPILL_MAX = 256
 """...but never more than this many (about 2 KB of base64)."""
-COMMIT, RESOLVED, FAILED = 0, 1, 2
-_KINDS = {COMMIT: "committed", RESOLVED: "resolved", FAILED: "failed"}
+COMMIT, RESOLVED, FAILED, RESOLUTION = 0, 1, 2, 3
+_KINDS = {COMMIT: "committed", RESOLVED: "resolved", FAILED: "failed", RESOLUTION: "resolution"}
 _FIELDS = 6
 _LINE = json.JSONEncoder(separators=(",", ":"), ensure_ascii=True)
 
@@ -99,7 +102,8 @@ class Commit:
     """One entry of a run's history, decoded."""
 
     kind: str
-    """``committed``, ``resolved`` (counted as done without running) or ``failed``."""
+    """``committed``, ``resolved`` (counted as done without running), ``failed``, or
+    ``resolution`` (what was in doubt resolved by a person: ``attempts`` 1 fired, 0 not)."""
     step: str
     iteration: int
     attempts: int

@@ -58,6 +58,7 @@ def _cmd_resolve(args: argparse.Namespace, store: Store, style: Style) -> int:
         signer=signer,
         result=result,
         serializer=serializer,
+        expect=getattr(args, "expect", None),  # the web page's: what it showed in doubt
     )
     what = (
         "fired: the next run counts it as done without calling it"

@@ -139,9 +139,13 @@ def human_duration(seconds: float) -> str:
 
 
 def timestamp(epoch: float, now: float | None = None) -> str:
-    """Local time and age, e.g. ``2025-01-31 14:02:07 (3m ago)``."""
+    """Local time and age, e.g. ``2025-01-31 14:02:07 (3m ago)``; a time to come
+    (a wait's timeout) says how far off it is: ``(in 23h)``.
+    """
     now = time.time() if now is None else now
     when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(epoch))
+    if epoch - now >= 1:
+        return f"{when} (in {human_age(epoch - now).removesuffix(' ago')})"
     return f"{when} ({human_age(now - epoch)})"
 
 

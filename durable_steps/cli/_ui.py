@@ -42,6 +42,7 @@ def _cmd_ui(args: argparse.Namespace, store: Store, style: Style) -> int:
         port=args.port,
         read_only=args.read_only,
         unsafe_unpickle=args.unsafe_unpickle,
+        allow_hosts=tuple(h.lower() for h in args.allow_host or ()),
     )
     shown = f"[{args.host}]" if ":" in args.host else args.host
     mode = " (read-only)" if args.read_only else ""
@@ -49,7 +50,10 @@ def _cmd_ui(args: argparse.Namespace, store: Store, style: Style) -> int:
     if not _loopback(args.host):
         echo(
             f"{PROG} ui: warning: listening on {args.host}, not loopback: anyone who can reach "
-            "it can read every run (actions still need the page's token; there is no login)",
+            "it can read every run (there is no login). Actions are taken only from this "
+            "machine. To expose the page on a network, keep it on loopback and put a reverse "
+            "proxy that authenticates people in front of it (--allow-host NAME for the name "
+            "it uses).",
             stream=sys.stderr,
         )
     uvicorn.run(create_app(config), host=args.host, port=args.port, log_level="warning", ws="none")
@@ -73,11 +77,19 @@ def register(command: Callable[..., Any]) -> None:
         "ones, by workflow and status; a run's status and why, its timeline (steps by pass, "
         "journaled calls and effects with their keys, waits, failures), its owner and lease, "
         "its state; and the actions of signal, resolve, fork and rm, each confirmed first. "
-        "Listens on loopback unless --host says otherwise; every action needs a token only "
-        "the page it served holds. Needs the ui extra: pip install 'durable-steps[ui]'.",
+        "Listens on loopback unless --host says otherwise; actions are taken only from "
+        "loopback, and every action needs a token only the page it served holds. "
+        "Needs the ui extra: pip install 'durable-steps[ui]'.",
     )
     ui.add_argument(
         "--host", default="127.0.0.1", help="the address to listen on (default: %(default)s)"
+    )
+    ui.add_argument(
+        "--allow-host",
+        action="append",
+        metavar="NAME",
+        help="another name the page may be reached by (the Host header; repeatable): "
+        "a reverse proxy's or this machine's DNS name",
     )
     ui.add_argument("--port", type=_port, default=8765, help="the port (default: %(default)s)")
     ui.add_argument(

@@ -314,8 +314,22 @@ class LocalStore:
                 raise StoreError(f"cannot sweep {directory}: {exc}") from exc
 
     def list(self, prefix: str) -> Iterator[ObjectInfo]:
-        """Yield the objects whose keys start with ``prefix``, in key order."""
+        """Yield the objects whose keys start with ``prefix``, in key order.
+
+        A prefix whose folders would leave the store (``..``, an absolute path)
+        or enter a hidden folder is refused, as an unsafe key is: the prefix
+        may come from a caller's input (a page's filter), and walking it would
+        list files that are not the store's.
+        """
         base = prefix.rsplit("/", 1)[0] if "/" in prefix else ""
+        last = prefix.rsplit("/", 1)[-1]
+        folders = base.split("/") if base else []
+        if (
+            "\0" in prefix
+            or last in (".", "..")
+            or any(p in ("", ".", "..") or p.startswith(".") for p in folders)
+        ):
+            raise StoreError(f"{self}: refusing unsafe prefix {prefix!r}")
         top = self.root.joinpath(*base.split("/")) if base else self.root
         for dirpath, dirnames, filenames in os.walk(top):
             dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))

@@ -15,6 +15,14 @@ and ``--force`` is never passed: a person who needs it uses the CLI.
 
 :func:`describe` is the confirmation page's text: what will happen, in the
 words of the command's own help.
+
+A resolution names what it resolves. The run page's form carries the keys of
+what it showed in doubt; the confirmation reads the run again and names each
+(refusing when it is no longer that), and the resolution itself is written
+only if what is in doubt is still exactly those keys (``resolve(expect=)``,
+checked and written as one conditional write). Without this, "yes" would
+resolve whatever is in doubt when it is pressed: another effect, after the
+run was resolved elsewhere and went on.
 """
 
 from __future__ import annotations
@@ -28,11 +36,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from .._record import checkpoint as ckpt
+from .._resolve import doubt_keys
 from ..cli._base import INVOKED, CommandError
 from ..cli._cleanup import _cmd_rm
 from ..cli._deploys import _cmd_fork
 from ..cli._doubt import _cmd_resolve
 from ..cli._format import Style
+from ..cli._runs import effect_label, load, open_effects
 from ..cli._waiting import _cmd_signal
 from ..errors import DefinitionError, DurableStepsError
 from ..stores import Store, command_hint
@@ -61,6 +71,8 @@ class Request:
     result: Any = None
     has_result: bool = False
     new_run: str = ""
+    doubt: tuple[str, ...] = ()
+    """resolve: the keys of what the page showed in doubt (what "yes" resolves)."""
 
     @property
     def run(self) -> str:
@@ -74,6 +86,7 @@ class Request:
             out.update(signal=self.signal, payload=json.dumps(self.payload))
         elif self.action == "resolve":
             out["fired"] = "yes" if self.fired else "no"
+            out["doubt"] = json.dumps(list(self.doubt))
             if self.has_result:
                 out["result"] = json.dumps(self.result)
         elif self.action == "fork":
@@ -96,6 +109,8 @@ def _json(text: str, what: str) -> Any:
         return json.loads(text)
     except ValueError as exc:
         raise FormError(f"{what} is not JSON ({exc})") from exc
+    except RecursionError as exc:  # "[[[[…" deeper than the interpreter's stack
+        raise FormError(f"{what} is nested too deeply to be read") from exc
 
 
 def _name(text: str, what: str) -> str:
@@ -126,15 +141,68 @@ def parse(form: dict[str, str]) -> Request:
                 "a result says what a fired effect returned; it cannot go with 'it did not fire'"
             )
         result = _json(text, "the result") if text else None
-        return Request(action, workflow, run_id, fired=fired, result=result, has_result=bool(text))
+        keys = (
+            _json(form.get("doubt", ""), "what the page showed in doubt")
+            if form.get("doubt")
+            else None
+        )
+        if not isinstance(keys, list) or not keys or not all(isinstance(k, str) for k in keys):
+            raise FormError(
+                "the form does not say what is in doubt: reload the run's page and resolve "
+                "from there"
+            )
+        return Request(
+            action,
+            workflow,
+            run_id,
+            fired=fired,
+            result=result,
+            has_result=bool(text),
+            doubt=tuple(sorted(keys)),
+        )
     if action == "fork":
         new_run = _name(form.get("new_run", "").strip(), "new run id")
         return Request(action, workflow, run_id, new_run=new_run)
     return Request(action, workflow, run_id)
 
 
-def describe(request: Request) -> list[str]:
-    """What the action will do, for the confirmation page (one paragraph a line)."""
+def back_of(form: dict[str, str]) -> Request | None:
+    """The run a refused form was about (for a link back to it), if its names are valid."""
+    try:
+        workflow = _name(form.get("workflow", ""), "workflow name")
+        run_id = _name(form.get("run_id", ""), "run id")
+    except FormError:
+        return None
+    return Request(str(form.get("action", "")), workflow, run_id)
+
+
+def typed(form: dict[str, str]) -> dict[str, str]:
+    """What a person typed into a refused form (its error page offers it again)."""
+    return {k: form[k] for k in ("signal", "payload", "result", "new_run") if form.get(k)}
+
+
+def in_doubt(store: Store, workflow: str, run_id: str) -> dict[str, str]:
+    """What is in doubt in the run now: key → what it is (``step 'pay'``)."""
+    try:
+        header, _, _ = load(store, workflow, run_id)
+    except CommandError as exc:
+        raise FormError(exc.message) from exc
+    out = {}
+    intent = header.intent
+    if intent is not None and intent.get("resolution") is None:
+        out[str(intent.get("key"))] = f"step {intent.get('step')!r}"
+    for effect in open_effects(header.journal):
+        out[str(effect.get("key"))] = f"effect {effect_label(effect)}"
+    assert sorted(out) == doubt_keys(header), "the page and resolve name the same keys"
+    return out
+
+
+def describe(request: Request, store: Store) -> list[str]:
+    """What the action will do, for the confirmation page (one paragraph a line).
+
+    A resolution reads the run: it names what it resolves, and is refused
+    (``FormError``) when that is no longer what the page showed.
+    """
     run = request.run
     if request.action == "signal":
         return [
@@ -147,9 +215,18 @@ def describe(request: Request) -> list[str]:
             "A signal name is delivered once per run: this cannot be sent again or undone.",
         ]
     if request.action == "resolve":
+        now = in_doubt(store, request.workflow, request.run_id)
+        if sorted(now) != list(request.doubt):
+            shown = ", ".join(request.doubt)
+            current = "; ".join(f"{v} (key {k})" for k, v in now.items()) or "nothing"
+            raise FormError(
+                f"what is in doubt in run {run} changed since its page was shown (shown: "
+                f"key {shown}; now: {current}). Nothing was changed: reload the run's page."
+            )
+        named = "; ".join(f"{now[k]} (key {k})" for k in request.doubt)
         if request.fired:
             lines = [
-                f"Record that what is in doubt in run {run} took effect: the next run counts "
+                f"Record that {named} in run {run} took effect: the next run counts "
                 "it as done without calling it again."
             ]
             if request.has_result:
@@ -157,10 +234,15 @@ def describe(request: Request) -> list[str]:
                     f"The result {json.dumps(request.result)} is recorded as what the effect "
                     "returned: ctx.effect returns it when the step runs again."
                 )
+            lines.append(
+                "If what is in doubt is no longer exactly this when you confirm, nothing is "
+                "changed."
+            )
             return lines
         return [
-            f"Record that what is in doubt in run {run} did not take effect: the next run "
-            "fires it again, with the same idempotency key (the service can drop a duplicate)."
+            f"Record that {named} in run {run} did not take effect: the next run "
+            "fires it again, with the same idempotency key (the service can drop a duplicate).",
+            "If what is in doubt is no longer exactly this when you confirm, nothing is changed.",
         ]
     if request.action == "fork":
         return [
@@ -187,7 +269,7 @@ def _namespace(request: Request, store: Store) -> tuple[Any, argparse.Namespace]
     if request.action == "resolve":
         result = json.dumps(request.result) if request.has_result else None
         return _cmd_resolve, argparse.Namespace(
-            **base, fired=request.fired, result=result, force=False
+            **base, fired=request.fired, result=result, force=False, expect=list(request.doubt)
         )
     if request.action == "fork":
         return _cmd_fork, argparse.Namespace(**base, new_run=request.new_run, app=None)

@@ -14,7 +14,23 @@ DNS rebinding
     Every request's ``Host`` must name the address the server listens on
     (and, on loopback, ``localhost``/``127.0.0.1``/``[::1]``), so a hostile
     name that resolves to 127.0.0.1 reaches nothing: its pages would be
-    same-origin with *that* name, not with ours.
+    same-origin with *that* name, not with ours. Listening on every address
+    (``0.0.0.0``, ``::``) does not widen this to any name: the accepted ones
+    are the loopback names, this machine's host name, the address literal
+    the connection arrived at (a rebinding attack needs a *name*), and each
+    ``--allow-host``. An ``Origin`` is compared with those same names, never
+    with the request's own ``Host``.
+Only this machine acts
+    The token keeps other *sites* out, not other *people*: any page served
+    carries it. So pages are served with forms (and the token) only to a
+    client on loopback, and a POST from any other address is refused: a
+    peer on the network may read runs (when ``--host`` lets it reach the
+    port) but never act. Acting from elsewhere goes through an SSH tunnel, or
+    a reverse proxy on this machine that authenticates people first.
+Bodies are bounded
+    A POST is refused before its body is read when it is read-only, from
+    another machine or site, or says it is longer than 1 MB; a body without
+    a length is read only up to that cap.
 Run content is text
     Templates are rendered with autoescape on for every template, and no
     run data is ever marked safe; the page's one script sets ``textContent``
@@ -29,7 +45,10 @@ Read-only
 from __future__ import annotations
 
 import hmac
+import ipaddress
+import re
 import secrets
+import socket
 import time
 import urllib.parse
 from collections.abc import Awaitable, Callable, MutableMapping
@@ -45,8 +64,10 @@ from starlette.responses import HTMLResponse, JSONResponse, PlainTextResponse, R
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
+from .._record import checkpoint as ckpt
 from ..cli._base import EXIT_NOT_FOUND, CommandError
 from ..cli._format import status_label
+from ..errors import DurableStepsError, RunNotFound
 from ..stores import Store, command_hint
 from . import _actions, _detail, _listing
 
@@ -55,6 +76,8 @@ __all__ = ["Config", "create_app"]
 _HERE = Path(__file__).resolve().parent
 _LOOPBACK = ("127.0.0.1", "localhost", "[::1]", "::1")
 _WILDCARD = ("0.0.0.0", "::", "")  # noqa: S104 - names we compare with, not bind to
+MAX_BODY = 1024 * 1024
+"""The longest POST body read (a form is a few KB; a payload at most 256 KB)."""
 CSP = (
     "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self'; "
     "connect-src 'self'; form-action 'self'; base-uri 'none'; object-src 'none'; "
@@ -83,14 +106,56 @@ class Config:
     refresh: float = 5.0
     """Seconds between the list's refreshes."""
     token: str = field(default_factory=lambda: secrets.token_urlsafe(32))
+    allow_hosts: tuple[str, ...] = ()
+    """More names the ``Host`` header may give (``--allow-host``): a name a
+    reverse proxy or a person uses for this machine."""
 
-    def hosts(self) -> set[str] | None:
-        """The ``Host`` headers accepted; None: any (listening on every address)."""
+    def hosts(self) -> set[str]:
+        """The ``Host`` headers accepted, whatever address a connection arrived at.
+
+        Listening on one address: that address (and, on loopback, the loopback
+        names). On every address: the loopback names and this machine's host
+        name. Either way, each ``--allow-host``. :meth:`accepts` adds the
+        address literal a connection arrived at.
+        """
+        names = {self.host.lower(), *self.allow_hosts}
         if self.host in _WILDCARD:
-            return None
-        names = {self.host, *(_LOOPBACK if self.host in _LOOPBACK else ())}
-        bracket = {f"[{n}]" if ":" in n and not n.startswith("[") else n for n in names}
-        return {f"{n}:{self.port}" for n in bracket} | ({*bracket} if self.port == 80 else set())
+            names = {*_LOOPBACK, socket.gethostname(), socket.getfqdn(), *self.allow_hosts}
+        elif self.host in _LOOPBACK:
+            names |= set(_LOOPBACK)
+        return _with_port({n.lower() for n in names if n}, self.port)
+
+    def accepts(self, host: str, server: tuple[str, int] | None, allowed: set[str]) -> bool:
+        """Whether a request whose ``Host`` is ``host`` (lowercased) is for this server.
+
+        ``server`` is the local address the connection arrived at (the ASGI
+        scope's ``server``): with a wildcard bind, that address *as a literal*
+        is ours too. A literal cannot be rebound; a name can.
+        """
+        if host in allowed:
+            return True
+        if self.host not in _WILDCARD or server is None:
+            return False
+        return host in _with_port({str(server[0]).lower()}, int(server[1]))
+
+
+def _with_port(names: set[str], port: int) -> set[str]:
+    bracket = {f"[{n}]" if ":" in n and not n.startswith("[") else n for n in names}
+    return {f"{n}:{port}" for n in bracket} | ({*bracket} if port == 80 else set())
+
+
+def local_client(request: Request) -> bool:
+    """Whether the request came from this machine's loopback (the only place that acts)."""
+    client = request.client
+    if client is None:
+        return False
+    try:
+        address = ipaddress.ip_address(client.host)
+    except ValueError:
+        return False
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        address = address.ipv4_mapped  # 127.0.0.1 through a dual-stack "::" socket
+    return address.is_loopback
 
 
 Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
@@ -102,18 +167,11 @@ class _Guard:
     """ASGI middleware: refuses a foreign ``Host``, adds the security headers."""
 
     def __init__(self, app: ASGI, config: Config) -> None:
-        self.app, self.allowed = app, config.hosts()
+        self.app, self.config, self.allowed = app, config, config.hosts()  # looked up once
 
     async def __call__(self, scope: MutableMapping[str, Any], receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
-            return
-        host = dict(scope["headers"]).get(b"host", b"").decode("latin-1").lower()
-        if self.allowed is not None and host not in self.allowed:
-            response = PlainTextResponse(
-                f"this server answers to {', '.join(sorted(self.allowed))}, not {host!r}", 421
-            )
-            await response(scope, receive, send)
             return
 
         async def secured(message: MutableMapping[str, Any]) -> None:
@@ -121,6 +179,16 @@ class _Guard:
                 message["headers"] = [*message.get("headers", []), *_HEADERS]
             await send(message)
 
+        host = dict(scope["headers"]).get(b"host", b"").decode("latin-1").lower()
+        if not self.config.accepts(host, scope.get("server"), self.allowed):
+            # Its names are not listed: whoever sent this Host may be a rebinding page.
+            response = PlainTextResponse(
+                f"this server does not answer to {host!r} (a name of this machine? start "
+                "durable-steps ui with --allow-host NAME)",
+                421,
+            )
+            await response(scope, receive, secured)
+            return
         await self.app(scope, receive, secured)
 
 
@@ -146,24 +214,47 @@ def _clock(epoch: float, exact: bool = True) -> str:
     return f"{whole}.{int(epoch * 1000) % 1000:03d}" if exact else whole
 
 
-def create_app(config: Config) -> Starlette:
+def create_app(config: Config) -> Starlette:  # noqa: PLR0915 - the routes share its closures
     """The ASGI application of ``durable-steps ui`` over ``config.store``."""
     env = _environment()
     store = config.store
+    allowed = config.hosts()  # once: a host name lookup is not for every request
     where = str(getattr(store, "url", None) or command_hint(store))
 
-    def page(name: str, code: int = 200, /, **context: Any) -> HTMLResponse:
+    def page(request: Request, name: str, code: int = 200, /, **context: Any) -> HTMLResponse:
+        # Forms, and the token in them, only for a client that may act.
+        acts = not config.read_only and local_client(request)
         html = env.get_template(name).render(
-            token=config.token, read_only=config.read_only, store=where, **context
+            token=config.token if acts else "",
+            read_only=not acts,
+            remote=not config.read_only and not acts,
+            store=where,
+            **context,
         )
         return HTMLResponse(html, code)
 
+    def problem(request: Request, code: int, message: str, **context: Any) -> HTMLResponse:
+        titles = {400: "Not valid", 403: "Refused", 404: "Not found", 413: "Too long"}
+        return page(
+            request,
+            "message.html",
+            code,
+            title=titles.get(code, "Not done"),
+            ok=False,
+            message=message,
+            **context,
+        )
+
     async def runs(request: Request) -> Response:
-        workflow, status, query = _filters(request)
+        try:
+            workflow, status, query = _filters(request)
+        except DurableStepsError as exc:
+            return problem(request, 400, exc.message)
         listing = await run_in_threadpool(
             _listing.list_runs, store, workflow=workflow, status=status, query=query
         )
         return page(
+            request,
             "runs.html",
             listing=listing,
             workflow=workflow or "",
@@ -174,7 +265,10 @@ def create_app(config: Config) -> Starlette:
         )
 
     async def api_runs(request: Request) -> Response:
-        workflow, status, query = _filters(request)
+        try:
+            workflow, status, query = _filters(request)
+        except DurableStepsError as exc:
+            return JSONResponse({"error": exc.message}, 400)
         listing = await run_in_threadpool(
             _listing.list_runs, store, workflow=workflow, status=status, query=query
         )
@@ -184,43 +278,68 @@ def create_app(config: Config) -> Starlette:
         workflow, run_id = request.path_params["workflow"], request.path_params["run_id"]
         number = request.query_params.get("page", "1")
         try:
+            ckpt.validate_name(workflow, "workflow name")
+            ckpt.validate_name(run_id, "run id")
+        except DurableStepsError as exc:
+            return problem(request, 400, exc.message)
+        try:
             shown = await run_in_threadpool(
                 _detail.run_page,
                 store,
                 workflow,
                 run_id,
-                page=int(number) if number.isdigit() else 1,
+                page=int(number) if re.fullmatch("[0-9]{1,9}", number) else 1,
                 unsafe=config.unsafe_unpickle,
             )
         except CommandError as exc:
-            code = 404 if exc.code == EXIT_NOT_FOUND else 400
-            return page("message.html", code, title="Not found", ok=False, message=exc.message)
-        return page("run.html", run=shown)
+            return problem(request, 404 if exc.code == EXIT_NOT_FOUND else 409, exc.message)
+        except RunNotFound as exc:
+            return problem(request, 404, exc.message)
+        except DurableStepsError as exc:  # corrupt, forged, unreadable: say so, never a 500
+            return problem(request, 409, f"run {workflow}/{run_id} cannot be shown: {exc.message}")
+        return page(request, "run.html", run=shown)
 
-    async def action(request: Request) -> Response:
+    async def action(request: Request) -> Response:  # noqa: PLR0911 - one return a refusal
+        # Everything that needs no body is checked before a byte of it is read.
         if config.read_only:
-            return page(
-                "message.html",
-                403,
-                title="Read-only",
-                ok=False,
-                message="this page was started with --read-only: it changes nothing",
+            return problem(
+                request, 403, "this page was started with --read-only: it changes nothing"
             )
-        form = await _form(request)
-        refused = _refused(request, form, config.token)
+        if not local_client(request):
+            return problem(
+                request,
+                403,
+                "refused: actions are taken only from this machine (loopback); from "
+                "elsewhere, use an SSH tunnel or a reverse proxy that authenticates people",
+            )
+        refused = _foreign(request, config, allowed)
         if refused is not None:
-            return page("message.html", 403, title="Refused", ok=False, message=refused)
+            return problem(request, 403, refused)
+        form = await _form(request)
+        if form is None:
+            return problem(request, 413, f"refused: the form is longer than {MAX_BODY // 1024} KB")
+        if not hmac.compare_digest(form.get("token", "").encode(), config.token.encode()):
+            return problem(
+                request,
+                403,
+                "refused: the form's token is missing or not this server's (a page of an "
+                "earlier server? reload the run's page and try again)",
+            )
         try:
             asked = _actions.parse(form)
         except _actions.FormError as exc:
-            return page("message.html", 400, title="Not done", ok=False, message=str(exc))
+            back = _actions.back_of(form)
+            return problem(request, 400, str(exc), back=back, typed=_actions.typed(form))
         if form.get("confirm") != "yes":
-            return page(
-                "confirm.html", asked=asked, what=_actions.describe(asked), fields=asked.fields()
-            )
+            try:
+                what = await run_in_threadpool(_actions.describe, asked, store)
+            except _actions.FormError as exc:
+                return problem(request, 409, str(exc), back=asked)
+            return page(request, "confirm.html", asked=asked, what=what, fields=asked.fields())
         outcome = await run_in_threadpool(_actions.perform, asked, store)
         title = "Done" if outcome.ok else "Not done"
         return page(
+            request,
             "message.html",
             200 if outcome.ok else 409,
             title=title,
@@ -242,33 +361,49 @@ def create_app(config: Config) -> Starlette:
 
 
 def _filters(request: Request) -> tuple[str | None, str | None, str]:
+    """The list's filters; a workflow name that is not one is refused (``DefinitionError``):
+    it becomes a store prefix.
+    """
     params = request.query_params
     status = params.get("status", "").replace("-", "_") or None
     if status not in (*_listing.STATUSES, None):
         status = None
-    return params.get("workflow") or None, status, params.get("q", "")[:400]
+    workflow = params.get("workflow") or None
+    if workflow is not None:
+        ckpt.validate_name(workflow, "workflow name")
+    return workflow, status, params.get("q", "")[:400]
 
 
-async def _form(request: Request) -> dict[str, str]:
-    """An ``application/x-www-form-urlencoded`` body, first value of each field."""
-    body = await request.body()
-    if len(body) > 1024 * 1024:
-        return {}
-    parsed = urllib.parse.parse_qs(body.decode("utf-8", "replace"), keep_blank_values=True)
+async def _form(request: Request) -> dict[str, str] | None:
+    """An ``application/x-www-form-urlencoded`` body, first value of each field;
+    None when it is longer than :data:`MAX_BODY` (refused unread when it says so).
+    """
+    length = request.headers.get("content-length", "")
+    if length and (not length.isdigit() or int(length) > MAX_BODY):
+        return None
+    body = bytearray()
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > MAX_BODY:
+            return None
+    parsed = urllib.parse.parse_qs(bytes(body).decode("utf-8", "replace"), keep_blank_values=True)
     return {k: v[0] for k, v in parsed.items()}
 
 
-def _refused(request: Request, form: dict[str, str], token: str) -> str | None:
-    """Why a POST may not act (None: it may): another origin, or no valid token."""
+def _foreign(request: Request, config: Config, allowed: set[str]) -> str | None:
+    """Why a POST comes from another site (None: it does not).
+
+    The ``Origin`` must name this server as the Host check accepts it, never
+    merely match the request's own ``Host``.
+    """
     origin = request.headers.get("origin")
-    own = f"{request.url.scheme}://{request.headers.get('host', '')}"
-    if origin is not None and origin != own:
-        return f"refused: this action came from another site ({origin}), not from this page"
+    if origin is not None:
+        parts = urllib.parse.urlsplit(origin)
+        ours = parts.scheme in ("http", "https") and config.accepts(
+            parts.netloc.lower(), request.scope.get("server"), allowed
+        )
+        if not ours:
+            return f"refused: this action came from another site ({origin}), not from this page"
     if request.headers.get("sec-fetch-site") == "cross-site":
         return "refused: this action came from another site, not from this page"
-    if not hmac.compare_digest(form.get("token", "").encode(), token.encode()):
-        return (
-            "refused: the form's token is missing or not this server's (a page of an "
-            "earlier server? reload the run's page and try again)"
-        )
     return None

@@ -15,6 +15,7 @@ from typing import Any
 
 from .._lease import is_live, lease_end
 from .._record import checkpoint as ckpt
+from .._resolve import doubt_keys
 from ..cli._format import human_size, run_size, timestamp
 from ..cli._inspect import next_hint
 from ..cli._runs import effect_label, load, open_effects, owner_text, peek_header, run_status
@@ -51,7 +52,14 @@ class RunPage:
     doubt: list[str] = field(default_factory=list)
     """What is in doubt, one line each (the resolve form is shown when there is)."""
     effect_in_doubt: bool = False
+    doubt_keys: str = "[]"
+    """The keys of what is in doubt, as JSON: the resolve form carries them, so
+    "yes" resolves exactly what was shown (``_actions``)."""
     finished: bool = False
+    signal_note: str = ""
+    """Why there is no signal form (empty: there is one)."""
+    delete_note: str = ""
+    """Why there is no delete button (empty: there is one): what ``rm`` would refuse."""
 
     @property
     def name(self) -> str:
@@ -62,6 +70,12 @@ class RunPage:
 def _preview(value: Any) -> str:
     text = json.dumps(value, ensure_ascii=False, default=repr)
     return text if len(text) <= _PREVIEW else f"{text[: _PREVIEW - 1]}…"
+
+
+def _at(value: Any, now: float) -> str:
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return timestamp(float(value), now)
+    return _preview(value)
 
 
 def _change_lines(decoded: _state.Decoded) -> list[str]:
@@ -127,6 +141,8 @@ def run_page(
     out = RunPage(workflow, run_id, status, next_hint(header, sent_at), fields)
     out.finished = header.status in _FINISHED
     _sections(out, header, sent_at, now)
+    out.doubt_keys = json.dumps(doubt_keys(header))
+    _offers(out, header, status, sent_at)
     decoded = _state.decode_run(store, header, payload, unsafe)
     out.state = decoded
     if decoded.decoded:
@@ -135,12 +151,13 @@ def run_page(
     if header.journal:
         out.journal_step = f"{header.journal['step']} (pass {header.journal['iteration']})"
         for call in decoded.calls:
+            ours = _timeline.call_text(call)
             out.journal.append(
                 {
-                    "name": str(call["name"]),
-                    "kind": str(call["kind"]),
+                    "name": ours[0] if ours else str(call["name"]),
+                    "kind": "timeout" if ours else str(call["kind"]),
                     "key": str(call.get("key") or ""),
-                    "result": _preview(call["result"]),
+                    "result": _at(call["result"], now) if ours else _preview(call["result"]),
                 }
             )
         for effect in header.journal.get("open") or ():
@@ -158,6 +175,32 @@ def run_page(
             )
     out.timeline = _timeline.build(header, decoded.calls, page, _history.read(store, header))
     return out
+
+
+def _offers(out: RunPage, header: ckpt.Checkpoint, status: str, sent_at: float | None) -> None:
+    """Which action forms the page offers, and why not the others (what the CLI refuses)."""
+    if out.finished:
+        out.signal_note = "the run has finished: a signal would never be read"
+    elif out.waits_for is None:
+        out.signal_note = (
+            "the run is not waiting for a signal (a signal it will wait for later can be "
+            "sent ahead from the command line: durable-steps signal)"
+        )
+    elif sent_at is not None:
+        out.signal_note = (
+            f"signal {out.waits_for!r} was delivered already (a signal name is delivered once "
+            "per run); the run goes on when it is run again or a worker resumes it"
+        )
+    if status == "running":
+        out.delete_note = (
+            "a live process owns this run (its lease is current): rm refuses it; wait for "
+            "that process, or stop it"
+        )
+    elif header.intent is not None or open_effects(header.journal):
+        out.delete_note = (
+            "a step or effect of this run is or was in doubt: deleting it would forget its "
+            "idempotency key, so rm refuses it (durable-steps rm --force deletes it anyway)"
+        )
 
 
 def _sections(out: RunPage, header: ckpt.Checkpoint, sent_at: float | None, now: float) -> None:

@@ -86,8 +86,9 @@ class History:
 
 
 def _entry(c: history.Commit) -> Entry:
+    # The log keeps each count in 6 bits (history.py): 63 means "63 or more".
     journal = ", ".join(
-        f"{n} {what}{'s' * (n != 1)}"
+        f"{'63+' if n >= 63 else n} {what}{'s' * (n != 1)}"
         for n, what in ((c.calls, "call"), (c.effects, "effect"), (c.waits, "wait"))
         if n
     )
@@ -100,6 +101,19 @@ def _entry(c: history.Commit) -> Entry:
             0,
             None,
             "resolved as fired: counted as done, not run",
+        )
+    if c.kind == "resolution":
+        what = f"{c.effects} effect{'s' * (c.effects != 1)}" if c.effects else "the step"
+        verdict = "fired" if c.attempts else "did not fire"
+        return Entry(
+            c.start,
+            "resolution",
+            c.step,
+            c.iteration,
+            None,
+            None,
+            f"resolved by a person: {verdict}",
+            detail=f"{what} in doubt",
         )
     if c.kind == "failed":
         return Entry(

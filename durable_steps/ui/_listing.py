@@ -23,7 +23,7 @@ from typing import Any
 from .. import _index
 from .._drivers import drive_sync
 from .._record import checkpoint as ckpt
-from ..cli._indexed import _read, covered, done, finished, live, locate_indexed
+from ..cli._indexed import _read, covered, done, live, locate_indexed
 from ..cli._ls import ls_row
 from ..cli._runs import RunInfo, find_runs
 from ..errors import DefinitionError
@@ -188,7 +188,12 @@ def list_runs(
         if status is not None:
             runs = [r for r in runs if r.status == status]
     elif status in ("completed", "deleted"):
-        runs = finished(store, workflow, status, limit + 1)
+        runs, capped = _finished(store, workflow, status, limit + 1)
+        if capped:
+            problem = (
+                f"only the newest {COUNT_UP_TO} finished runs of each workflow were looked at "
+                f"for {status} ones; durable-steps ls --status {status} reads them all"
+            )
     elif status is not None:
         runs = [r for r in lives if r.status == status]
     else:
@@ -198,6 +203,33 @@ def list_runs(
             runs += _heads(store, entries)
     rows = [_row(r, now) for r in runs[:limit]]
     return Listing(rows, len(runs) > limit, counts, workflows, problem=problem)
+
+
+def _finished(
+    store: Store, workflow: str | None, status: str, limit: int
+) -> tuple[list[RunInfo], bool]:
+    """The newest finished runs with ``status``, at most ``limit``, looking at no more
+    than :data:`COUNT_UP_TO` done entries a workflow (``cli._indexed.finished`` reads
+    on until it has ``limit``: past 100,000 completed runs, a search for a few deleted
+    ones would read every entry). True: the cap stopped the search.
+    """
+    names = [workflow] if workflow else sorted(drive_sync(_index.workflows(), store))
+    entries: list[_index.Entry] = []
+    capped = False
+    for name in names:
+        taken = 0
+        for seen, info in enumerate(store.list(_index.done_prefix(name))):
+            if seen >= COUNT_UP_TO:
+                capped = True
+                break
+            entry = _index.parse(info)
+            if entry is not None and entry.kind == status:
+                entries.append(entry)
+                taken += 1
+                if taken >= limit:
+                    break
+    entries.sort(key=lambda e: -(e.finished or 0.0))
+    return _read(store, [(e.workflow, e.run_id, frozenset()) for e in entries[:limit]]), capped
 
 
 def _unindexed(
@@ -220,7 +252,8 @@ def _unindexed(
         runs = [r for r in runs if r.status == status]
     rows = [_row(r, now) for r in runs[:limit]]
     names = sorted({*workflows, *(r.workflow for r in runs)})
-    return Listing(rows, len(runs) > limit, counts, names, indexed=False)
+    # An empty store (or one not made yet) is not an old one: nothing to reindex.
+    return Listing(rows, len(runs) > limit, counts, names, indexed=not counts)
 
 
 def _heads(store: Store, entries: list[_index.Entry]) -> list[RunInfo]:

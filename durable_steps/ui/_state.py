@@ -94,7 +94,9 @@ def decode_run(store: Store, header: ckpt.Checkpoint, payload: bytes, unsafe: bo
     if serializer is None:
         out = Decoded(problem=problem)
         if header.serializer.removesuffix(_SIGNED) == "pickle":
-            out.outline = outline(_pickles(store, header, payload))
+            out.outline = outline(
+                _pickles(store, header, payload), header.serializer.endswith("+hmac-sha256")
+            )
         return out
     try:
         if header.format == 1:
@@ -181,30 +183,92 @@ def _pickles(store: Store, header: ckpt.Checkpoint, payload: bytes) -> list[byte
     return out
 
 
-def outline(pickles: list[bytes]) -> dict[str, Any]:
+_UNKNOWN = object()
+"""A value on the simulated pickle stack that is not a string we know."""
+_MARK = object()
+_TAG = 32
+"""A signed serializer's bytes start with a 32-byte HMAC tag (``SignedSerializer``)."""
+
+
+def _bare(data: bytes, signed: bool) -> bytes:
+    """``data`` without a signed serializer's tag, when it is a tagged pickle."""
+    if signed and len(data) > _TAG and data[_TAG : _TAG + 1] == b"\x80":
+        return data[_TAG:]
+    return data
+
+
+def outline(pickles: list[bytes], signed: bool = False) -> dict[str, Any]:
     """What a pickle state is, read without unpickling: its bytes and the
     classes and functions it would import (``module.name``: count).
+
+    The imports are found by simulating the pickle machine's stack, not by
+    pattern: ``GLOBAL`` and ``INST`` name theirs in the opcode;
+    ``STACK_GLOBAL`` takes the two values on top of the stack, which may have
+    come from the memo (``BINGET`` of strings put there earlier), so the memo
+    is tracked too (``MEMOIZE``/``PUT`` and the ``GET`` forms). Whatever
+    cannot be attributed (a ``STACK_GLOBAL`` whose operands are not two known
+    strings, a pickle that cannot be read) makes ``unknown`` true: the page
+    then says the imports are unknown instead of listing fewer than there are.
+    ``signed``: the run's serializer signs, so each pickle starts with a tag.
     """
     names: Counter[str] = Counter()
-    total = 0
-    stack = list(pickles)
-    while stack:
-        data = stack.pop()
+    total, unknown = 0, False
+    todo = [_bare(p, signed) for p in pickles]
+    while todo:
+        data = todo.pop()
         total += len(data)
-        strings: list[str] = []
         try:
-            for op, arg, _ in pickletools.genops(data):
-                if op.name == "GLOBAL" and isinstance(arg, str):
-                    names[arg.replace(" ", ".")] += 1
-                elif op.name == "STACK_GLOBAL" and len(strings) >= 2:
-                    names[f"{strings[-2]}.{strings[-1]}"] += 1
-                elif isinstance(arg, str) and "UNICODE" in op.name:
-                    strings.append(arg)
-                elif isinstance(arg, bytes) and arg[:1] == b"\x80":
-                    stack.append(arg)  # a value pickled on its own, inside a record
-        except Exception:  # noqa: S112 - damaged or not a pickle: outline what was read
+            unknown |= _imports(data, names, todo, signed)
+        except Exception:  # damaged, hostile or not a pickle: say the imports are unknown
+            unknown = True
+    return {
+        "bytes": total,
+        "pickles": len(pickles),
+        "imports": sorted(names.items()),
+        "unknown": unknown,
+    }
+
+
+def _imports(data: bytes, names: Counter[str], todo: list[bytes], signed: bool) -> bool:
+    """Count ``data``'s imports into ``names`` (nested pickles onto ``todo``); True
+    when one could not be attributed.
+    """
+    stack: list[Any] = []
+    memo: dict[int, Any] = {}
+    unknown = False
+    for op, arg, _ in pickletools.genops(data):
+        name = op.name
+        if name in ("GLOBAL", "INST"):
+            names[str(arg).replace(" ", ".")] += 1
+        if name == "STACK_GLOBAL":
+            module, attr = (stack[-2], stack[-1]) if len(stack) >= 2 else (None, None)
+            if isinstance(module, str) and isinstance(attr, str):
+                names[f"{module}.{attr}"] += 1
+            else:
+                unknown = True
+            del stack[-2:]
+            stack.append(_UNKNOWN)
             continue
-    return {"bytes": total, "pickles": len(pickles), "imports": sorted(names.items())}
+        if name in ("MEMOIZE", "PUT", "BINPUT", "LONG_BINPUT"):  # MEMOIZE: the next index
+            memo[len(memo) if arg is None else int(arg)] = stack[-1] if stack else _UNKNOWN
+            continue
+        if name in ("GET", "BINGET", "LONG_BINGET"):
+            stack.append(memo.get(int(arg or 0), _UNKNOWN))
+            continue
+        if name == "MARK":
+            stack.append(_MARK)
+            continue
+        if isinstance(arg, bytes) and _bare(arg, signed)[:1] == b"\x80":
+            todo.append(_bare(arg, signed))  # a value pickled on its own, inside a record
+        before = op.stack_before
+        if pickletools.markobject in before:
+            while stack and stack.pop() is not _MARK:
+                pass
+        else:
+            del stack[len(stack) - min(len(before), len(stack)) :]
+        pushed = arg if isinstance(arg, str) and ("UNICODE" in name or "STRING" in name) else None
+        stack.extend(pushed if pushed is not None else _UNKNOWN for _ in op.stack_after)
+    return unknown
 
 
 # --- the tree ---------------------------------------------------------------------

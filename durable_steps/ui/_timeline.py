@@ -14,6 +14,7 @@ run of 10,000 steps is as quick to show as one of ten.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -21,7 +22,7 @@ from .._record import checkpoint as ckpt
 from ..cli._format import human_duration
 from ..cli._runs import effect_label
 
-__all__ = ["PAGE", "Entry", "Timeline", "build"]
+__all__ = ["PAGE", "Entry", "Timeline", "build", "call_text"]
 
 PAGE = 200
 """Timeline entries per page."""
@@ -136,17 +137,20 @@ def _pending(header: ckpt.Checkpoint, calls: list[dict[str, Any]]) -> list[Entry
     if journal:
         step, iteration = str(journal["step"]), _int(journal["iteration"])
         for call in calls:
+            ours = call_text(call)
             out.append(
                 Entry(
                     header.updated_at,
-                    str(call["kind"]),
+                    "timeout" if ours else str(call["kind"]),
                     step,
                     iteration,
                     None,
                     None,
-                    "recorded: replayed when the step runs again",
+                    "recorded: the wait times out then"
+                    if ours
+                    else "recorded: replayed when the step runs again",
                     str(call.get("key") or ""),
-                    str(call["name"]),
+                    ours[0] if ours else str(call["name"]),
                 )
             )
         if not calls and journal.get("calls"):
@@ -206,6 +210,22 @@ def _pending(header: ckpt.Checkpoint, calls: list[dict[str, Any]]) -> list[Entry
             )
         )
     return sorted(out, key=lambda e: e.at)
+
+
+def call_text(call: dict[str, Any]) -> tuple[str, str] | None:
+    """A journaled call the library made itself, in words: ``(what, result)``;
+    None for the step's own calls. ``wait_for(timeout=)`` journals its deadline
+    as a ``sleep`` named ``deadline:<signal>``, a time, not a call of the step's.
+    """
+    name, result = str(call.get("name")), call.get("result")
+    if call.get("kind") == "sleep" and name.startswith("deadline:"):
+        when = (
+            time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(result))
+            if isinstance(result, (int, float)) and not isinstance(result, bool)
+            else repr(result)
+        )
+        return f"timeout of wait for {name.removeprefix('deadline:')!r} at {when}", when
+    return None
 
 
 def _int(value: object) -> int | None:
