@@ -22,6 +22,7 @@ import pytest
 
 import durable_steps as ds
 from tests import forkserver
+from tests.budget import FULL_ENV
 from tests.cloudservers import (
     AzuriteServer,
     CloudServer,
@@ -66,6 +67,12 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help="run every case of the crash-point and server matrices (tests marked matrix), "
         "not only the sample a plain run takes; CI runs with --full",
     )
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """--full also runs every example of the property tests (see ``tests/budget.py``)."""
+    if config.getoption("--full"):
+        os.environ[FULL_ENV] = "1"
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from durable_steps._record import delta as _delta
 from durable_steps._record.delta import apply, diff, snapshot
 from durable_steps._record.tracker import Tracker
+from tests.budget import examples
 
 leaves = st.one_of(
     st.none(),
@@ -78,7 +79,7 @@ def edits(draw: st.DrawFn) -> tuple[Any, Any]:
     return state, new
 
 
-@settings(max_examples=300)
+@settings(max_examples=examples(300))
 @given(edits())
 def test_agent_like_edits_rebuild_exactly(case: tuple[Any, Any]) -> None:
     """Appends, edits of old messages, truncations and replacements all rebuild exactly."""
@@ -185,7 +186,7 @@ def indexed_from(length: int) -> Iterator[None]:
 
 
 @pytest.mark.parametrize("index_from", [1, _delta._INDEX_FROM])
-@settings(max_examples=300)
+@settings(max_examples=examples(300))
 @given(in_place())
 def test_in_place_edits_of_shared_objects_rebuild_exactly(
     index_from: int, case: tuple[Any, list[tuple[str, int, Any]]]
@@ -207,7 +208,7 @@ def test_in_place_edits_of_shared_objects_rebuild_exactly(
             assert tracker.changes(state) == []
 
 
-@settings(max_examples=100)
+@settings(max_examples=examples(100))
 @given(edits(), edits())
 def test_a_tracker_follows_any_sequence_of_states(
     first: tuple[Any, Any], second: tuple[Any, Any]
@@ -484,7 +485,7 @@ def mutations(draw: st.DrawFn, root: Any, kept: list[Any]) -> None:
 
 
 @pytest.mark.parametrize(("index_from", "lengths"), [(1, [0, 2, 5]), (64, [63, 64, 65])])
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(data=st.data())
 def test_a_tracker_follows_random_mutations_of_an_indexed_list(
     index_from: int, lengths: list[int], data: st.DataObject

@@ -29,6 +29,7 @@ from hypothesis import strategies as st
 import durable_steps as ds
 from durable_steps._record import checkpoint as ckpt
 from durable_steps.testing import CrashingStore, SimulatedCrash
+from tests.budget import examples
 
 RUN = "r1"
 FN_FAULTS = ("crash_in_fn", "fail_in_fn")
@@ -276,7 +277,7 @@ def crash_and_resume(spec: Spec, faults: list[tuple[str, int]]) -> None:
     assert len(world.log) == before
 
 
-@settings(deadline=None, max_examples=150)
+@settings(deadline=None, max_examples=examples(150))
 @given(scenarios())
 def test_random_calls_and_crashes_replay_first_results_under_stable_keys(
     scenario: tuple[Spec, list[tuple[str, int]]],

@@ -28,6 +28,7 @@ from hypothesis import strategies as st
 import durable_steps as ds
 from durable_steps._record import checkpoint as ckpt
 from durable_steps.testing import CrashingStore, SimulatedCrash
+from tests.budget import examples
 
 RUN = "r1"
 WRITE_FAULTS = ("before_write", "after_write")
@@ -350,7 +351,7 @@ REFIRE_AFTER_RESOLVE_DIES = (
 
 
 @pytest.mark.slow
-@settings(deadline=None, max_examples=100)
+@settings(deadline=None, max_examples=examples(100))
 @given(scenarios())
 def test_any_crash_sequence_resumes_to_the_uncrashed_result(
     scenario: tuple[Spec, list[tuple[str, int]]],

@@ -26,6 +26,7 @@ import durable_steps as ds
 from durable_steps import cli
 from durable_steps._record import checkpoint as ckpt
 from durable_steps.serializers import MAX_DEPTH, JSONSerializer, check_json
+from tests.budget import examples
 from tests.storetools import Wrapped, committed
 
 DEEP = 100_000
@@ -153,7 +154,7 @@ json_values = st.recursive(
 )
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(json_values)
 def test_what_dumps_accepts_loads_gives_back_identically(value: Any) -> None:
     """Every value made of the JSON types is accepted and decodes equal, with the same types."""
@@ -166,7 +167,7 @@ bad_leaves = st.sampled_from(
 )
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(json_values, bad_leaves, st.data())
 def test_one_bad_value_anywhere_is_refused_at_its_path(value: Any, bad: Any, data: Any) -> None:
     """A value that would not round-trip, put anywhere in a JSON state, is refused at its path."""
@@ -424,7 +425,7 @@ def damaged(draw: st.DrawFn) -> bytes:
     return json.dumps(record).encode() + b"\n" + payload
 
 
-@settings(max_examples=600, deadline=None)
+@settings(max_examples=examples(600), deadline=None)
 @given(damaged())
 def test_decode_of_damaged_real_checkpoints_is_corrupt_checkpoint_or_a_header(data: bytes) -> None:
     """decode either returns or raises CorruptCheckpoint, whatever the damage."""
@@ -434,7 +435,7 @@ def test_decode_of_damaged_real_checkpoints_is_corrupt_checkpoint_or_a_header(da
         pass
 
 
-@settings(max_examples=600, deadline=None)
+@settings(max_examples=examples(600), deadline=None)
 @given(
     st.dictionaries(st.sampled_from(FIELDS), field_values, max_size=3),
     st.dictionaries(st.text(max_size=6), any_json, max_size=2) | st.just({}),
