@@ -31,7 +31,8 @@ from __future__ import annotations
 
 import importlib
 import typing
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from contextvars import ContextVar
 from copy import copy
 from dataclasses import dataclass, field, replace
@@ -69,6 +70,8 @@ class Binding:
     prefix: str
     effects: frozenset[str]
     live: frozenset[str]
+    outer: dict[ContextVar[Any], Any] = field(default_factory=dict)
+    """The agent's ``override`` variables as they were outside this run."""
     requests: int = 0
     tools: set[str] = field(default_factory=set)
 
@@ -110,6 +113,28 @@ def idempotency_key(run_ctx: RunContext[Any]) -> str:
     return found[1]
 
 
+@contextmanager
+def outside(bound: Binding) -> Iterator[None]:
+    """A tool body's context: no binding, the agent's overrides as outside the run.
+
+    A tool body inherits the run's context variables, so without this an
+    ``agent.run`` inside the tool (the agent delegating to itself) would use
+    our model, and its requests would be numbered among the outer run's:
+    recorded inside the tool's call, they would be missing when the tool
+    replays after a crash, and the outer run's next request would get the
+    inner run's answer. Reset, the inner run is the plain run it is without
+    ``DurableAgent``, and its outcome is part of the tool's recorded result.
+    """
+    tokens = [(var, var.set(value)) for var, value in bound.outer.items()]
+    token = binding.set(None)
+    try:
+        yield
+    finally:
+        binding.reset(token)
+        for var, var_token in reversed(tokens):
+            var.reset(var_token)
+
+
 def title(name: str, args: Mapping[str, Any]) -> str:
     """What a person sees for a tool call: ``refund(order='4411', cents=500)``."""
     shown = ", ".join(f"{k}={v!r}" for k, v in args.items())
@@ -127,8 +152,11 @@ class JournaledToolset(WrapperToolset[Any]):
     ) -> Any:
         """A recorded tool call (replayed if the step recorded it before)."""
         bound = binding.get()
-        if bound is None or name in bound.live:
+        if bound is None:
             return await super().call_tool(name, tool_args, ctx, tool)
+        if name in bound.live:
+            with outside(bound):
+                return await super().call_tool(name, tool_args, ctx, tool)
         journal_name = bound.tool_name(ctx)
 
         async def call() -> Any:
@@ -136,7 +164,8 @@ class JournaledToolset(WrapperToolset[Any]):
             before = _copy_usage(usage)
             own = replace(ctx, usage=_copy_usage(usage))
             try:
-                result = await self.wrapped.call_tool(name, tool_args, own, tool)
+                with outside(bound):
+                    result = await self.wrapped.call_tool(name, tool_args, own, tool)
             except ModelRetry as exc:
                 record: dict[str, Any] = {"retry": exc.message}
             except BaseException:
