@@ -64,6 +64,16 @@ class DurableAgent:
     conversation under. See the package docstring for what is recorded and
     how it replays.
 
+    Each entry point also takes ``run_name=``. Runs one after another in a
+    step need none (they are numbered: ``model:1``, then ``agent2:model:1``);
+    runs that overlap or start in different tasks or threads of one step
+    (``asyncio.gather``, threads) each need their own, because the order they
+    start in is timing's, and numbered they would replay each other's
+    records after a retry or a crash. Without it the second such run raises
+    :class:`~durable_steps.DefinitionError` naming the step. Tool bodies run
+    outside the durable run (no binding, the agent's own overrides): an
+    ``agent.run`` inside a tool is a plain run, part of the tool's result.
+
     Like pydantic-ai's own durable wrappers it puts its model and toolsets in
     place with ``Agent.override`` for the length of one run; unlike them it
     does not subclass ``WrapperAgent``, whose ``run`` signature changes with

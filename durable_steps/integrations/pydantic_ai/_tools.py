@@ -242,8 +242,8 @@ def load_result(recorded: Any, ctx: RunContext[Any], tool: ToolsetTool[Any], nam
     if "tool_return" in recorded:
         return _TOOL_RETURN.validate_python(recorded["tool_return"])
     value = recorded["return"]
-    declared = _declared(tool, name)
-    picked = _allowed(declared).get(recorded.get("type")) if declared is not None else None
+    declared, named = _declared(tool, name), recorded.get("type")
+    picked = _allowed(declared).get(named) if declared and isinstance(named, str) else None
     for kind in (picked, declared):
         if kind is not None:
             try:
