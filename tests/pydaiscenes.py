@@ -12,6 +12,8 @@
                 next response's tool (a dynamic toolset).
 ``stream``      a streamed tool call, then the answer in three pieces, with an
                 ``event_stream_handler`` (its events are part of the outcome).
+``self``        a tool that runs the same agent plainly (``agent.run`` on another
+                prompt, which answers at once): three requests in the run.
 
 Run as a script, it is the child of ``tests/test_pydantic_ai_crash.py``::
 
@@ -56,7 +58,7 @@ from pydantic_core import to_jsonable_python
 import durable_steps as ds
 from durable_steps.integrations.pydantic_ai import DurableAgent
 
-SCENES = ("tools", "multimodal", "subagent", "live", "stream")
+SCENES = ("tools", "multimodal", "subagent", "live", "stream", "self")
 _VARYING = {"timestamp", "run_id", "conversation_id"}
 
 
@@ -89,11 +91,15 @@ def build(scene: str) -> tuple[Agent[Any, Any], DurableAgent, dict[str, int]]:
         ],
         "subagent": [ToolCallPart("delegate", {"task": "count"}, tool_call_id="c1")],
         "live": [ToolCallPart("elevate", {}, tool_call_id="c1")],
+        "self": [ToolCallPart("ask_myself", {"task": "inner"}, tool_call_id="c1")],
     }
 
     def model(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
         calls["model"] += 1
         asked = sum(isinstance(m, ModelResponse) for m in messages)
+        first = messages[0].parts[-1]
+        if scene == "self" and getattr(first, "content", None) == "inner":
+            return ModelResponse(parts=[TextPart(f"inner answer after {asked}")])
         if asked == 0:
             return ModelResponse(parts=list(responses[scene]))
         if scene == "live" and asked == 1:
@@ -142,6 +148,12 @@ def build(scene: str) -> tuple[Agent[Any, Any], DurableAgent, dict[str, int]]:
         @agent.tool
         async def delegate(run_ctx: RunContext[Any], task: str) -> str:
             return (await sub.run(task, usage=run_ctx.usage)).output
+
+    if scene == "self":
+
+        @agent.tool
+        async def ask_myself(run_ctx: RunContext[Any], task: str) -> str:
+            return (await agent.run(task, deps=run_ctx.deps, usage=run_ctx.usage)).output
 
     if scene == "live":
         live = {"elevate"}

@@ -7,7 +7,10 @@ Its outcome (output, messages, usage, streamed events) must equal the plain
 agent's in this process: the recorded tool results replay as their types,
 the usage of a sub-agent run inside a tool is counted though it did not run
 again, a live tool runs again so the toolset it picks is there, and a
-streamed response streams back with its deltas.
+streamed response streams back with its deltas, and an agent that runs
+itself plainly inside its own tool gets the same final answer (its inner
+run is part of the tool's recorded result, not numbered among the outer
+run's requests).
 """
 
 from __future__ import annotations
@@ -34,7 +37,7 @@ def child(tmp: Path, scene: str, *, crash: bool) -> subprocess.CompletedProcess[
     return _forks.run(args + (["--crash"] if crash else []), cwd=tmp, out=tmp / "child")
 
 
-@pytest.mark.parametrize("scene", ["subagent", "multimodal", "live", "stream"])
+@pytest.mark.parametrize("scene", ["subagent", "multimodal", "live", "stream", "self"])
 def test_a_killed_scene_resumes_to_the_plain_outcome(tmp_path: Path, scene: str) -> None:
     """SIGKILL after the first recorded tool call, resume: what the plain agent gives."""
     agent, _, plain_calls = build(scene)
@@ -49,3 +52,6 @@ def test_a_killed_scene_resumes_to_the_plain_outcome(tmp_path: Path, scene: str)
     assert final["model_calls"] < plain_calls["model"]
     if scene == "subagent":
         assert plain["usage"]["requests"] == 4
+    if scene == "self":  # the tool's plain run of the same agent is inside its result
+        assert plain["usage"]["requests"] == 3
+        assert plain["output"] == "done: ['inner answer after 0']"

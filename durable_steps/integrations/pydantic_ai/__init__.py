@@ -23,7 +23,8 @@ being paid for, or fired, again::
 ``DurableAgent(agent, *, effects=(), live=(), history_key="messages")``. Its
 entry points are the agent's: ``run_sync``, ``run``, ``iter``,
 ``run_stream`` and ``run_stream_events``, each with ``ctx=`` (the step's
-context) and ``state=`` (below); every other keyword goes to the agent's own.
+context), ``state=`` (below) and ``run_name=`` (below); every other keyword
+goes to the agent's own.
 
 It follows the public seams pydantic-ai's own durable wrappers (Temporal,
 DBOS, Prefect) are built on: a ``WrapperModel`` whose requests are durable
@@ -53,21 +54,36 @@ step finds the same names), and shown under which title (what ``show``,
     is recorded too, because the model requests after it were made with
     that result, and a read that answered differently on replay would give
     the model a transcript it never saw. Results come back as the types the
-    tool returned (pydantic models, dataclasses, ``BinaryImage``,
-    ``DocumentUrl``...), with the usage a sub-agent run inside the tool
-    added (``_tools``). A ``ModelRetry`` the tool raises is recorded like a
+    tool's return annotation names (``-> Order``, ``-> list[Order]``,
+    ``-> Order | Refund``: nested too), pydantic-ai's multimodal content
+    (``BinaryImage``, ``DocumentUrl``...) as itself anywhere in the result,
+    anything else as its JSON form, on both paths; with the usage a
+    sub-agent run inside the tool added (``_tools``). A record never names
+    a module to import. A ``ModelRetry`` the tool raises is recorded like a
     result; other exceptions (``ApprovalRequired``, errors) record nothing.
 Tools named in ``live``
     are not recorded at all: they run on every re-run of the step, as in a
     plain agent (a tool that changes ``deps``, picks a toolset, reads the
     clock). Their results must not be side effects worth deduplicating.
 A second agent run in the same step
-    is prefixed ``agent2:``, ``agent3:``... (``agent2:model:1``).
+    is prefixed ``agent2:``, ``agent3:``... (``agent2:model:1``), when the
+    runs come one after another in one task or thread. Runs that overlap, or
+    start in different tasks or threads (``asyncio.gather``, a thread
+    pool), start in an order timing decides, so numbered they would replay
+    each other's records after a retry or a crash: each needs
+    ``run_name="refund"`` (recorded as ``refund:model:1``, the same name's
+    next run ``refund#2:``), else the second is a ``DefinitionError``.
+Tool bodies
+    run outside the durable run: an ``agent.run`` inside a tool (the agent
+    delegating to itself, or any agent) is a plain run, part of the tool's
+    recorded result.
 
 **Conversation history without user code.** ``state=`` keeps the
 conversation in ``state[history_key]`` (``"messages"`` by default) as JSON:
 read as ``message_history`` before the run, the run's new messages appended
-after it, at a cost per turn proportional to the new messages (``_history``).
+after it, at a cost per turn proportional to the new messages, plus one
+comparison in C of the kept messages with their stored form, which is what
+lets an item edited in place reach the model as after a resume (``_history``).
 So a multi-turn agent is one step per turn::
 
     @wf.step()

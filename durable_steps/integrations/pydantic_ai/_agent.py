@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
+import re
+import threading
 import weakref
-from collections.abc import AsyncIterator, Collection, Iterator, MutableMapping, Sequence
+from collections.abc import AsyncIterator, Callable, Collection, Iterator, MutableMapping, Sequence
 from contextlib import asynccontextmanager, contextmanager
 from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any
@@ -24,8 +27,29 @@ if TYPE_CHECKING:
 
     from ..._context import Context
 
-_runs: weakref.WeakKeyDictionary[Context, tuple[int, int]] = weakref.WeakKeyDictionary()
-"""Per step context: (attempt, agent runs so far in it), to name later runs apart."""
+_NAME = re.compile(r"[A-Za-z0-9_.\-]{1,64}")
+_NUMBERED = re.compile(r"agent[0-9]+")
+
+
+class _Series:
+    """The runs of one name (or of no name) in one attempt of a step.
+
+    ``count`` numbers them; ``owner`` is the asyncio task or thread the last
+    one started in (weakly: an ended task must not pass for a new one);
+    ``active`` says whether one of them is running now.
+    """
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.owner: Callable[[], object | None] = lambda: None
+        self.active = False
+
+
+_runs: weakref.WeakKeyDictionary[Context, tuple[int, dict[str | None, _Series]]] = (
+    weakref.WeakKeyDictionary()
+)
+"""Per step context: its attempt and the series of agent runs in it, to name runs apart."""
+_runs_lock = threading.Lock()
 
 
 class DurableAgent:
@@ -39,6 +63,16 @@ class DurableAgent:
     agent would. ``history_key`` is the state key that ``state=`` keeps the
     conversation under. See the package docstring for what is recorded and
     how it replays.
+
+    Each entry point also takes ``run_name=``. Runs one after another in a
+    step need none (they are numbered: ``model:1``, then ``agent2:model:1``);
+    runs that overlap or start in different tasks or threads of one step
+    (``asyncio.gather``, threads) each need their own, because the order they
+    start in is timing's, and numbered they would replay each other's
+    records after a retry or a crash. Without it the second such run raises
+    :class:`~durable_steps.DefinitionError` naming the step. Tool bodies run
+    outside the durable run (no binding, the agent's own overrides): an
+    ``agent.run`` inside a tool is a plain run, part of the tool's result.
 
     Like pydantic-ai's own durable wrappers it puts its model and toolsets in
     place with ``Agent.override`` for the length of one run; unlike them it
@@ -92,10 +126,11 @@ class DurableAgent:
         *,
         ctx: Context,
         state: MutableMapping[str, Any] | None = None,
+        run_name: str | None = None,
         **kwargs: Any,
     ) -> AgentRunResult[Any]:
         """Run the agent in a sync step (see :meth:`run`); the agent's ``run_sync``."""
-        with self._bound(ctx, state, kwargs) as (run_kwargs, turn):
+        with self._bound(ctx, state, run_name, kwargs) as (run_kwargs, turn):
             result = self.wrapped.run_sync(user_prompt, **run_kwargs)
         _keep(turn, result.all_messages())
         return result
@@ -106,6 +141,7 @@ class DurableAgent:
         *,
         ctx: Context,
         state: MutableMapping[str, Any] | None = None,
+        run_name: str | None = None,
         **kwargs: Any,
     ) -> AgentRunResult[Any]:
         """Run the agent inside a step, each model request and tool call recorded.
@@ -116,7 +152,7 @@ class DurableAgent:
         Other keywords (``deps``, ``model``, ``usage_limits``,
         ``event_stream_handler``...) go to the agent's ``run``.
         """
-        with self._bound(ctx, state, kwargs) as (run_kwargs, turn):
+        with self._bound(ctx, state, run_name, kwargs) as (run_kwargs, turn):
             result = await self.wrapped.run(user_prompt, **run_kwargs)
         _keep(turn, result.all_messages())
         return result
@@ -128,6 +164,7 @@ class DurableAgent:
         *,
         ctx: Context,
         state: MutableMapping[str, Any] | None = None,
+        run_name: str | None = None,
         **kwargs: Any,
     ) -> AsyncIterator[AgentRun[Any, Any]]:
         """The agent's ``iter`` inside a step: drive the run node by node.
@@ -136,7 +173,7 @@ class DurableAgent:
         (a node's ``stream`` streams the recorded response back). The
         history is kept once the run reached its end.
         """
-        with self._bound(ctx, state, kwargs) as (run_kwargs, turn):
+        with self._bound(ctx, state, run_name, kwargs) as (run_kwargs, turn):
             async with self.wrapped.iter(user_prompt, **run_kwargs) as agent_run:
                 yield agent_run
         if agent_run.result is not None:
@@ -149,6 +186,7 @@ class DurableAgent:
         *,
         ctx: Context,
         state: MutableMapping[str, Any] | None = None,
+        run_name: str | None = None,
         **kwargs: Any,
     ) -> AsyncIterator[StreamedRunResult[Any, Any]]:
         """The agent's ``run_stream`` inside a step.
@@ -158,7 +196,7 @@ class DurableAgent:
         in the same pieces as from the plain agent, once the model finished.
         The history is kept when the stream was read to its end.
         """
-        with self._bound(ctx, state, kwargs) as (run_kwargs, turn):
+        with self._bound(ctx, state, run_name, kwargs) as (run_kwargs, turn):
             async with self.wrapped.run_stream(user_prompt, **run_kwargs) as result:
                 yield result
         if result.is_complete:
@@ -171,13 +209,14 @@ class DurableAgent:
         *,
         ctx: Context,
         state: MutableMapping[str, Any] | None = None,
+        run_name: str | None = None,
         **kwargs: Any,
     ) -> AsyncIterator[AgentRunEvents[Any]]:
         """The agent's ``run_stream_events`` inside a step (an async context
         manager, as the agent's): every event of the run, then an
         ``AgentRunResultEvent``. The history is kept once the run finished.
         """
-        with self._bound(ctx, state, kwargs) as (run_kwargs, turn):
+        with self._bound(ctx, state, run_name, kwargs) as (run_kwargs, turn):
             async with self.wrapped.run_stream_events(user_prompt, **run_kwargs) as events:
                 yield events
         if events.result is not None:
@@ -187,7 +226,11 @@ class DurableAgent:
 
     @contextmanager
     def _bound(
-        self, ctx: Context, state: MutableMapping[str, Any] | None, kwargs: dict[str, Any]
+        self,
+        ctx: Context,
+        state: MutableMapping[str, Any] | None,
+        run_name: str | None,
+        kwargs: dict[str, Any],
     ) -> Iterator[tuple[dict[str, Any], Turn | None]]:
         """Our model and toolsets in place, the run bound to ``ctx``; yields the
         keywords for the agent's entry point and the history's turn.
@@ -217,7 +260,9 @@ class DurableAgent:
         # Per-run toolsets are ignored under override(toolsets=), so they join ours.
         extra: Sequence[AbstractToolset[Any]] = run_kwargs.pop("toolsets", None) or ()
         toolsets = [JournaledToolset(t) for t in (*self.wrapped.toolsets, *extra)]
-        token = binding.set(Binding(ctx, _prefix(ctx), self.effects, self.live))
+        prefix, series = _claim(ctx, run_name)
+        outer = _override_vars(self.wrapped)
+        token = binding.set(Binding(ctx, prefix, self.effects, self.live, outer=outer))
         try:
             # tools=[]: the agent's own tools are in its function toolset, wrapped above.
             with self.wrapped.override(
@@ -226,6 +271,7 @@ class DurableAgent:
                 yield run_kwargs, turn
         finally:
             binding.reset(token)
+            series.active = False
 
 
 def _keep(turn: Turn | None, messages: list[Any]) -> None:
@@ -245,12 +291,80 @@ def _overriding_model(agent: Agent[Any, Any]) -> Any:
     return getattr(some, "value", None)
 
 
-def _prefix(ctx: Context) -> str:
-    """``""`` for the first agent run in this attempt of the step, then ``agent2:``..."""
-    attempt, count = _runs.get(ctx, (ctx.attempt, 0))
-    count = count + 1 if attempt == ctx.attempt else 1
-    _runs[ctx] = (ctx.attempt, count)
-    return "" if count == 1 else f"agent{count}:"
+def _override_vars(agent: Agent[Any, Any]) -> dict[ContextVar[Any], Any]:
+    """The agent's ``override`` context variables and their values outside our run.
+
+    A tool body gets these back (see ``_tools.outside``): an ``agent.run`` in
+    it is then the plain run it would be without ``DurableAgent``. Found by
+    name, not listed, because releases add overridable settings.
+    """
+    return {
+        var: var.get()
+        for attr, var in vars(agent).items()
+        if attr.startswith("_override_") and isinstance(var, ContextVar)
+    }
+
+
+def _owner() -> object:
+    """The asyncio task this code runs in, else its thread."""
+    try:
+        task = asyncio.current_task()
+    except RuntimeError:  # no event loop running in this thread
+        task = None
+    return task if task is not None else threading.current_thread()
+
+
+def _claim(ctx: Context, run_name: str | None) -> tuple[str, _Series]:
+    """The journal prefix of a run starting now, and its series (marked active).
+
+    Runs are told apart by their prefix, so it must be the same on every
+    re-run of the step (a retry, a resume after a crash). Runs one after
+    another in one task or thread are numbered in that order (``""``,
+    ``agent2:``...), which the code fixes. Runs in different tasks or threads
+    (``asyncio.gather``, a thread pool), or overlapping, start in an order
+    that timing decides: numbered, they would replay each other's records.
+    Such a run is refused unless ``run_name=`` names it (``<name>:``, then
+    ``<name>#2:`` for the same name's next run). A run that overlaps one
+    that has another name is fine: its name is its own.
+    """
+    where = f"run {ctx.workflow}/{ctx.run_id}: step {ctx.step!r}"
+    if run_name is not None and (
+        not isinstance(run_name, str)
+        or not _NAME.fullmatch(run_name)
+        or _NUMBERED.fullmatch(run_name)
+    ):
+        raise DefinitionError(
+            f"{where}: run_name={run_name!r} is not a run name: use up to 64 letters, digits, "
+            "'_', '-' or '.', and not agentN (the names of unnamed runs).",
+            run=f"{ctx.workflow}/{ctx.run_id}",
+            step=ctx.step,
+        )
+    owner = _owner()
+    with _runs_lock:
+        attempt, series_by_name = _runs.get(ctx, (ctx.attempt, {}))
+        if attempt != ctx.attempt:
+            series_by_name = {}
+        _runs[ctx] = (ctx.attempt, series_by_name)
+        series = series_by_name.setdefault(run_name, _Series())
+        if series.count and (series.active or series.owner() is not owner):
+            shown = "an unnamed" if run_name is None else f"a run_name={run_name!r}"
+            why = "is still running" if series.active else "ran in another task or thread"
+            raise DefinitionError(
+                f"{where}: a DurableAgent run started while {shown} run of this step "
+                f"{why}; runs that start in an order timing decides (asyncio.gather, "
+                "threads) would replay each other's records after a retry or a crash. "
+                "Give each concurrent run its own name: run_sync(..., ctx=ctx, "
+                "run_name='refund') (its calls are recorded as refund:model:1...).",
+                run=f"{ctx.workflow}/{ctx.run_id}",
+                step=ctx.step,
+            )
+        series.count += 1
+        series.owner = weakref.ref(owner)
+        series.active = True
+        number = series.count
+    if run_name is None:
+        return ("" if number == 1 else f"agent{number}:"), series
+    return (f"{run_name}:" if number == 1 else f"{run_name}#{number}:"), series
 
 
 def _leaves(toolsets: Sequence[AbstractToolset[Any]]) -> list[AbstractToolset[Any]]:

@@ -18,15 +18,25 @@ made strings with the committed ones.
   is not the object given), the list is replaced from there on.
 - **Reading**: the messages parsed for a run's last turn are kept (per
   ``DurableAgent``, per run, a few dozen runs at most) with the stored dicts
-  they came from. The next turn takes the kept messages for the stored items
-  that are still the same objects (an identity check per item) and parses
-  only the rest. A state decoded anew (a resume, a retried step) has new
-  objects: it is parsed once, and kept from then on.
+  they came from and a structural copy of each (its *twin*: containers
+  copied, leaves shared, made once per new item). The next turn takes the
+  kept messages for the stored items that are still the same objects (an
+  identity check per item) *and still equal their twins*, and parses only
+  the rest. The twin check is what makes an item edited in place (a
+  redaction: ``state["messages"][0]["parts"][0]["content"] = "..."``) reach
+  the model as it will after a resume, which parses the stored form: from
+  the first edited item on, the history is parsed again. It is one list
+  comparison in C that passes each leaf by identity (about 9 ms for 800
+  messages on the shared development machine, against ~1 ms to parse a
+  turn's four new ones); a keyed fingerprint per item would have to dump or
+  walk the item in Python, which costs more. A state decoded anew (a
+  resume, a retried step) has new objects: it is parsed once, and kept from
+  then on.
 
 The state changes only when the agent run finished, so a step that crashed
-halfway commits nothing of it; its re-run replays the requests. Edit the
-history by replacing its items or the list, not inside an item: an item
-changed in place keeps the message parsed before.
+halfway commits nothing of it; its re-run replays the requests. The
+history may be edited between runs in any way (items replaced, removed,
+changed in place): the next run sees what the state holds.
 """
 
 from __future__ import annotations
@@ -53,7 +63,25 @@ class _Kept:
     """The state's list the messages were parsed from or written to."""
     items: list[Any]
     """Its items then (the same objects)."""
+    twins: list[Any]
+    """A structural copy of each item then (containers copied, leaves shared)."""
     messages: list[ModelMessage]
+
+
+def _twin(value: Any) -> Any:
+    """``value`` with every dict and list copied and the leaves shared."""
+    if type(value) is dict:
+        return {k: _twin(v) for k, v in value.items()}
+    if type(value) is list:
+        return [_twin(v) for v in value]
+    return value
+
+
+def _unedited(items: list[Any], twins: list[Any]) -> int:
+    """How many leading ``items`` still equal their twins (were not edited in place)."""
+    if items == twins:  # the usual case: one comparison in C, leaves by identity
+        return len(items)
+    return next(i for i, (a, b) in enumerate(zip(items, twins)) if a != b)  # noqa: B905
 
 
 def _same_prefix(a: Sequence[Any], b: Sequence[Any]) -> int:
@@ -102,6 +130,7 @@ class Turn:
         self.key = (ctx.workflow, ctx.run_id, history_key)
         self.stored: list[Any] | None = None
         self.items: list[Any] = []
+        self.twins: list[Any] = []
         self.messages: list[ModelMessage] = []
 
     def read(self) -> list[ModelMessage]:
@@ -113,11 +142,15 @@ class Turn:
             raise self._not_history(f"a {type(stored).__name__}, not a list")
         kept = self.histories.get(self.key)
         same = _same_prefix(stored, kept.items) if kept and kept.stored is stored else 0
+        if kept and same:
+            same = _unedited(stored[:same], kept.twins[:same])
         known = kept.messages[:same] if kept else []
         try:
             fresh = ModelMessagesTypeAdapter.validate_python(stored[same:])
         except ValueError as exc:
             raise self._not_history(str(exc)) from exc
+        twins = kept.twins[:same] if kept else []
+        self.twins = twins + [_twin(item) for item in stored[same:]]
         self.stored, self.items, self.messages = stored, list(stored), known + fresh
         return list(self.messages)
 
@@ -139,10 +172,12 @@ class Turn:
             stored = found
             del stored[same:]
             stored.extend(new)
+            twins = self.twins[:same] + [_twin(item) for item in new]
         else:  # no history yet, or the step replaced it during the run
             stored = self.items[:same] + new if found is self.stored else _dump(all_messages)
             self.state[self.history_key] = stored
-        self.histories.put(self.key, _Kept(stored, list(stored), list(all_messages)))
+            twins = [_twin(item) for item in stored]
+        self.histories.put(self.key, _Kept(stored, list(stored), twins, list(all_messages)))
 
     def _not_history(self, why: str) -> DefinitionError:
         ctx = self.ctx

@@ -4,11 +4,14 @@ A tool's result is recorded as JSON and rebuilt from that JSON on both paths
 (live and replayed), so the model sees the same thing either way. Three
 things make "the same" hold beyond plain JSON values:
 
-- **Types.** A result that is an instance of a class (a pydantic model, a
-  dataclass) is recorded with its class's import path (``"type"``) and
-  rebuilt as that class; if the class cannot be imported (defined inside a
-  function), the tool function's return annotation is used instead, and
-  failing both the JSON form is returned.
+- **Types.** A result is rebuilt by the tool function's return annotation
+  (``-> Order``, ``-> list[Order]``, ``-> dict[str, Point]``: nested types
+  too). A result that is an instance of a class (a pydantic model, a
+  dataclass) is also recorded with its class's ``module:qualname``
+  (``"type"``), which picks among the classes the annotation names (``->
+  Order | Refund``); it is never imported: a record is data, and a class
+  the annotation does not name is not built from it. Without an annotation
+  (or ``-> Any``) the JSON form is returned, live and replayed alike.
 - **Multimodal content.** Results are encoded as pydantic-ai encodes a
   ``ToolReturnPart``'s content (``ModelMessagesTypeAdapter``: bytes as
   base64, each ``BinaryImage``, ``DocumentUrl``... tagged by its ``kind``),
@@ -29,9 +32,9 @@ given to the model as the tool's return value.
 
 from __future__ import annotations
 
-import importlib
 import typing
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from contextvars import ContextVar
 from copy import copy
 from dataclasses import dataclass, field, replace
@@ -69,6 +72,8 @@ class Binding:
     prefix: str
     effects: frozenset[str]
     live: frozenset[str]
+    outer: dict[ContextVar[Any], Any] = field(default_factory=dict)
+    """The agent's ``override`` variables as they were outside this run."""
     requests: int = 0
     tools: set[str] = field(default_factory=set)
 
@@ -110,6 +115,28 @@ def idempotency_key(run_ctx: RunContext[Any]) -> str:
     return found[1]
 
 
+@contextmanager
+def outside(bound: Binding) -> Iterator[None]:
+    """A tool body's context: no binding, the agent's overrides as outside the run.
+
+    A tool body inherits the run's context variables, so without this an
+    ``agent.run`` inside the tool (the agent delegating to itself) would use
+    our model, and its requests would be numbered among the outer run's:
+    recorded inside the tool's call, they would be missing when the tool
+    replays after a crash, and the outer run's next request would get the
+    inner run's answer. Reset, the inner run is the plain run it is without
+    ``DurableAgent``, and its outcome is part of the tool's recorded result.
+    """
+    tokens = [(var, var.set(value)) for var, value in bound.outer.items()]
+    token = binding.set(None)
+    try:
+        yield
+    finally:
+        binding.reset(token)
+        for var, var_token in reversed(tokens):
+            var.reset(var_token)
+
+
 def title(name: str, args: Mapping[str, Any]) -> str:
     """What a person sees for a tool call: ``refund(order='4411', cents=500)``."""
     shown = ", ".join(f"{k}={v!r}" for k, v in args.items())
@@ -127,8 +154,11 @@ class JournaledToolset(WrapperToolset[Any]):
     ) -> Any:
         """A recorded tool call (replayed if the step recorded it before)."""
         bound = binding.get()
-        if bound is None or name in bound.live:
+        if bound is None:
             return await super().call_tool(name, tool_args, ctx, tool)
+        if name in bound.live:
+            with outside(bound):
+                return await super().call_tool(name, tool_args, ctx, tool)
         journal_name = bound.tool_name(ctx)
 
         async def call() -> Any:
@@ -136,7 +166,8 @@ class JournaledToolset(WrapperToolset[Any]):
             before = _copy_usage(usage)
             own = replace(ctx, usage=_copy_usage(usage))
             try:
-                result = await self.wrapped.call_tool(name, tool_args, own, tool)
+                with outside(bound):
+                    result = await self.wrapped.call_tool(name, tool_args, own, tool)
             except ModelRetry as exc:
                 record: dict[str, Any] = {"retry": exc.message}
             except BaseException:
@@ -211,7 +242,9 @@ def load_result(recorded: Any, ctx: RunContext[Any], tool: ToolsetTool[Any], nam
     if "tool_return" in recorded:
         return _TOOL_RETURN.validate_python(recorded["tool_return"])
     value = recorded["return"]
-    for kind in (_import(recorded.get("type")), _declared(tool, name)):
+    declared, named = _declared(tool, name), recorded.get("type")
+    picked = _allowed(declared).get(named) if declared and isinstance(named, str) else None
+    for kind in (picked, declared):
         if kind is not None:
             try:
                 return _adapter(kind).validate_python(value)
@@ -244,18 +277,24 @@ def _load_content(value: Any) -> Any:
     return ModelMessagesTypeAdapter.validate_python([message])[0].parts[0].content  # type: ignore[union-attr]
 
 
-def _import(path: Any) -> Any:
-    """The class named ``module:qualname``, or None (gone, or local to a function)."""
-    if not isinstance(path, str) or ":" not in path or "<" in path:
-        return None
-    module, _, qualname = path.partition(":")
-    try:
-        found: Any = importlib.import_module(module)
-        for attr in qualname.split("."):
-            found = getattr(found, attr)
-    except (ImportError, AttributeError):
-        return None
-    return found if isinstance(found, type) else None
+@lru_cache(maxsize=256)
+def _allowed(declared: Any) -> dict[str, type]:
+    """The classes a return annotation names (``Order | Refund``, ``list[Order]``...),
+    by the ``module:qualname`` a record gives: the only ones a record may pick.
+
+    A record comes from the store or from ``wf.resolve(result=...)``; letting
+    its ``"type"`` name any class would import modules named by data (their
+    import-time code runs) and build classes from it. pydantic-ai's own
+    content types need no name: they are tagged in the JSON itself.
+    """
+    found: dict[str, type] = {}
+    stack = [declared]
+    while stack:
+        kind = stack.pop()
+        if isinstance(kind, type):
+            found[f"{kind.__module__}:{kind.__qualname__}"] = kind
+        stack.extend(arg for arg in typing.get_args(kind) if not isinstance(arg, (str, int)))
+    return found
 
 
 def _declared(tool: ToolsetTool[Any], name: str) -> Any:
