@@ -35,7 +35,7 @@ from ._base import (
 )
 from ._format import Style, clean
 from ._indexed import covered, live, locate
-from ._runs import effect_label, find_runs, load, open_effects, run_status
+from ._runs import effect_label, find_runs, load, open_effects, status_of
 
 __all__ = ["register"]
 
@@ -57,14 +57,7 @@ def _assess(workflow: Workflow, data: bytes, name: str, key: str) -> dict[str, A
         header, _ = ckpt.decode(data, where=where, run=name, signer=signer)
     except CorruptCheckpoint as exc:
         return _corrupt(name, exc.message)
-    status = run_status(
-        header.status,
-        header.owner,
-        header.intent,
-        since=header.updated_at,
-        journal=header.journal,
-        committed=header.committed,
-    )
+    status = status_of(header)
     out: dict[str, Any] = {"run": name, "status": status}
     if header.status in _FINISHED:
         return {**out, "resumes": True, "next_step": None, "notes": ["finished: nothing to run"]}

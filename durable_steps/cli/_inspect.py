@@ -47,7 +47,7 @@ from ._runs import (
     open_effects,
     owner_text,
     peek_header,
-    run_status,
+    status_of,
 )
 from ._waiting import signal_sent, wait_hint, wait_lines
 
@@ -277,14 +277,7 @@ def describe(
     else:
         step = header.steps[header.next_step] if header.next_step < n else "?"
         where = f"next step {step!r} ({header.next_step + 1} of {n}), iteration {header.iteration}"
-    status = run_status(
-        header.status,
-        header.owner,
-        header.intent,
-        since=header.updated_at,
-        journal=header.journal,
-        committed=header.committed,
-    )
+    status = status_of(header)
     lines = [f"{style.bold(clean(header.run))}  {style.status(status)}"]
     lines += _fields(
         [

@@ -31,6 +31,7 @@ __all__ = [
     "owner_text",
     "peek_header",
     "run_status",
+    "status_of",
 ]
 
 
@@ -74,14 +75,7 @@ class RunInfo:
             if raw is None:
                 problem = f"{key!r} holds the checkpoint of another run ({header.run})"
             else:
-                status = run_status(
-                    header.status,
-                    header.owner,
-                    header.intent,
-                    since=header.updated_at,
-                    journal=header.journal,
-                    committed=header.committed,
-                )
+                status = status_of(header)
         except CorruptCheckpoint as exc:
             problem = exc.message
         return cls(workflow, run_id, key, run_size(len(data), raw), raw, status, problem, version)
@@ -127,6 +121,18 @@ def find_runs(store: Store, workflow: str | None) -> list[RunInfo]:
 
     with ThreadPoolExecutor(max_workers=max(1, min(16, len(keys)))) as pool:
         return [run for run in pool.map(fetch, keys) if run is not None]
+
+
+def status_of(header: ckpt.Checkpoint) -> str:
+    """:func:`run_status` of a decoded head."""
+    return run_status(
+        header.status,
+        header.owner,
+        header.intent,
+        since=header.updated_at,
+        journal=header.journal,
+        committed=header.committed,
+    )
 
 
 def run_status(

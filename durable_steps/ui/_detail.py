@@ -1,7 +1,7 @@
 """A run's page: status and why, owner and lease, wait, intent, error, journal, timeline, state.
 
 What ``show`` says, laid out for a page: the same computations
-(``cli._inspect.next_hint``, ``cli._runs.run_status`` and ``owner_text``,
+(``cli._inspect.next_hint``, ``cli._runs.status_of`` and ``owner_text``,
 ``cli._waiting.signal_sent``), so the page and the command line never
 disagree about a run. Every value here is plain text: the template escapes it.
 """
@@ -18,7 +18,7 @@ from .._record import checkpoint as ckpt
 from .._resolve import doubt_keys
 from ..cli._format import human_size, run_size, timestamp
 from ..cli._inspect import next_hint
-from ..cli._runs import effect_label, load, open_effects, owner_text, peek_header, run_status
+from ..cli._runs import effect_label, load, open_effects, owner_text, peek_header, status_of
 from ..cli._waiting import signal_sent
 from ..stores import Store
 from . import _history, _state, _timeline
@@ -108,14 +108,7 @@ def run_page(
     """Read a run and lay it out (``CommandError`` EXIT_NOT_FOUND when it does not exist)."""
     header, payload, data = load(store, workflow, run_id)
     now = time.time()
-    status = run_status(
-        header.status,
-        header.owner,
-        header.intent,
-        since=header.updated_at,
-        journal=header.journal,
-        committed=header.committed,
-    )
+    status = status_of(header)
     sent_at = signal_sent(store, header)
     n = len(header.steps)
     if header.status in _FINISHED:
