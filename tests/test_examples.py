@@ -265,11 +265,14 @@ def test_the_agents_sdk_support_agent_killed_after_a_refund_refunds_each_order_o
 
     killed = example("--crash-after-refund", "1")
     assert killed.returncode == KILLED, killed.stderr
-    [key] = KEY.findall(killed.stdout)
+    # The refunds of one response run in parallel: refund 2 may land before the kill too.
+    first = re.search(r"for order 1001 \(key (ds-[0-9a-f]{40})", killed.stdout)
+    assert first is not None, killed.stdout
+    key = first.group(1)
     resumed = example()
     assert resumed.returncode == 0, resumed.stderr
-    assert f"refund re_1 for order 1001 (key {key}, a repeat" in resumed.stdout
-    assert "refund re_2 for order 1002" in resumed.stdout
+    assert f"for order 1001 (key {key}, a repeat" in resumed.stdout
+    assert "for order 1002 (key " in resumed.stdout
     assert "agent (refunds): Here is what I did" in resumed.stdout
     assert "done: 2 refunds in the ledger" in resumed.stdout
     ledger = json.loads((tmp_path / "runs" / "payments.json").read_text())

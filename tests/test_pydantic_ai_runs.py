@@ -10,9 +10,11 @@ classes the tool's return annotation names are rebuilt.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import sys
 import threading
+import warnings
 from typing import Any
 
 import pytest
@@ -96,6 +98,10 @@ def test_a_run_in_another_thread_of_a_sync_step_is_refused_unnamed() -> None:
                 state["b"] = beta.run_sync("who?", ctx=ctx).output
             except ds.DefinitionError as exc:
                 errors.append(exc)
+            finally:  # the loop run_sync may have set for this thread: close it, as an exit would
+                with warnings.catch_warnings(), contextlib.suppress(RuntimeError):
+                    warnings.simplefilter("ignore", DeprecationWarning)
+                    asyncio.get_event_loop_policy().get_event_loop().close()
 
         thread = threading.Thread(target=other)
         thread.start()
