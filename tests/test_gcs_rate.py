@@ -96,6 +96,7 @@ def gcs_store(gcs: FakeGCSServer, bucket: str, proxy: FaultProxy, **options: Any
     return gcs.open(bucket, prefix, endpoint_url=proxy.endpoint_url, **options)
 
 
+@pytest.mark.cloud
 def test_the_proxy_answers_429_to_a_second_write_of_one_object_within_a_second(
     gcs: FakeGCSServer, gcs_bucket: str, proxy: FaultProxy
 ) -> None:
@@ -114,6 +115,7 @@ def test_the_proxy_answers_429_to_a_second_write_of_one_object_within_a_second(
 
 
 @pytest.mark.slow
+@pytest.mark.cloud
 def test_twenty_quick_calls_in_one_step_succeed_on_gcs(
     gcs: FakeGCSServer, gcs_bucket: str, proxy: FaultProxy
 ) -> None:
@@ -137,6 +139,7 @@ def test_twenty_quick_calls_in_one_step_succeed_on_gcs(
 
 
 @pytest.mark.slow
+@pytest.mark.cloud
 def test_calls_made_at_twenty_a_second_are_recorded_while_the_step_runs_on_gcs(
     gcs: FakeGCSServer, gcs_bucket: str, proxy: FaultProxy
 ) -> None:
@@ -168,6 +171,7 @@ def test_calls_made_at_twenty_a_second_are_recorded_while_the_step_runs_on_gcs(
         store.close()
 
 
+@pytest.mark.cloud
 def test_without_pacing_the_same_step_fails_with_store_error(
     gcs: FakeGCSServer, gcs_bucket: str, proxy: FaultProxy
 ) -> None:

@@ -119,6 +119,7 @@ def test_an_async_wait_writes_the_deferred_calls_in_one_writer(wait: str, tmp_pa
 
 
 @pytest.mark.slow
+@pytest.mark.cloud
 def test_an_async_sleep_after_quick_calls_meets_no_429_on_gcs(
     gcs: FakeGCSServer, gcs_bucket: str, proxy: FaultProxy
 ) -> None:
