@@ -11,8 +11,10 @@ crash a subprocess.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import uuid
+import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -83,6 +85,29 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     if len(kept) < len(items):
         config.hook.pytest_deselected(items=[i for i in items if i not in kept])
         items[:] = kept
+
+
+@pytest.fixture(autouse=True)
+def _close_the_event_loop_left_open(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Close the event loop a test left set on this thread (not running).
+
+    ``run_sync`` of pydantic-ai and of the Agents SDK keep the thread's loop open,
+    as they would until a program exits. A later ``asyncio.run()`` drops it, and
+    its garbage collection then warns (unclosed loop, its self-pipe) inside some
+    other test, which ``filterwarnings = error`` fails. The browser tests keep
+    Playwright's loop for their module: they are left alone.
+    """
+    yield
+    if request.node.get_closest_marker("ui") is not None:
+        return
+    local = getattr(asyncio.get_event_loop_policy(), "_local", None)  # CPython's default policy
+    loop = getattr(local, "_loop", None)
+    if isinstance(loop, asyncio.AbstractEventLoop) and not loop.is_running():
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)
+            if not loop.is_closed():
+                loop.close()
+            asyncio.set_event_loop(None)
 
 
 @pytest.fixture(scope="session", autouse=True)
