@@ -17,9 +17,7 @@ import json
 import signal
 import subprocess
 import sys
-import warnings
 from collections import Counter
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -47,23 +45,6 @@ pytestmark = pytest.mark.pydantic_ai
 
 CHILD = Path(__file__).with_name("pydaichild.py")
 KILLED = -signal.SIGKILL
-
-
-@pytest.fixture(autouse=True)
-def close_the_loop_run_sync_keeps() -> Iterator[None]:
-    """pydantic-ai's run_sync keeps one event loop per thread for later calls (its
-    HTTP clients stay bound to it); close it after each test, as an exit would.
-    """
-    yield
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", DeprecationWarning)
-        try:
-            loop = asyncio.get_event_loop()
-        except RuntimeError:  # none left (an earlier test closed it)
-            return
-    if not loop.is_running():
-        loop.close()
-    asyncio.set_event_loop(None)
 
 
 _forks = ForkServer(CHILD)

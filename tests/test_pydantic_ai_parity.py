@@ -13,8 +13,7 @@ import asyncio
 import json
 import subprocess
 import sys
-import warnings
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -36,22 +35,6 @@ from durable_steps.integrations.pydantic_ai import DurableAgent, idempotency_key
 from tests.pydaiscenes import Order, build, norm_events, norm_messages, usage_of
 
 pytestmark = pytest.mark.pydantic_ai
-
-
-@pytest.fixture(autouse=True)
-def close_the_loop_run_sync_keeps() -> Iterator[None]:
-    """pydantic-ai's run_sync keeps one event loop per thread for later calls; close it
-    after each test, as an exit would (as in test_pydantic_ai.py)."""
-    yield
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", DeprecationWarning)
-        try:
-            loop = asyncio.get_event_loop()
-        except RuntimeError:  # none left (an earlier test closed it)
-            return
-    if not loop.is_running():
-        loop.close()
-    asyncio.set_event_loop(None)
 
 
 def retried(tmp_path: Path, body: Callable[[ds.Context], Awaitable[Any]]) -> list[Any]:
