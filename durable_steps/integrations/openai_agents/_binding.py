@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ...errors import DefinitionError
+from .._names import tool_call_name
 
 if TYPE_CHECKING:
     from agents import RunContextWrapper
@@ -52,12 +53,14 @@ class Binding:
         return f"{self.prefix}model:{number}{retry}"
 
     def tool_name(self, call_id: str) -> str:
-        """``tool:<call id>``; a model that reuses an id gets ``@2``, ``@3``..."""
-        name = f"{self.prefix}tool:{call_id}"
+        """``tool:<call id>`` (a long id shortened, see ``integrations._names``); a
+        model that reuses an id gets ``@2``, ``@3``...
+        """
+        name = base = tool_call_name(self.prefix, call_id)
         count = 1
         while name in self.tools:
             count += 1
-            name = f"{self.prefix}tool:{call_id}@{count}"
+            name = f"{base}@{count}"
         self.tools.add(name)
         return name
 

@@ -49,6 +49,7 @@ from pydantic_ai.usage import RunUsage
 from pydantic_core import PydanticSerializationError
 
 from ...errors import DefinitionError, SerializationError
+from .._names import tool_call_name
 
 if TYPE_CHECKING:
     from pydantic_ai.tools import RunContext
@@ -79,7 +80,7 @@ class Binding:
 
     def tool_name(self, run_ctx: RunContext[Any]) -> str:
         call_id = run_ctx.tool_call_id or run_ctx.tool_name or "?"
-        name = f"{self.prefix}tool:{call_id}"
+        name = tool_call_name(self.prefix, call_id)  # (a long id shortened)
         if name in self.tools:  # a model that reuses ids across responses (TestModel does)
             name = f"{name}@{run_ctx.run_step}"
         self.tools.add(name)

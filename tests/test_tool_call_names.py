@@ -1,0 +1,187 @@
+"""Tool calls whose ids are longer than a journal name may be.
+
+Providers choose tool call ids, and some make them hundreds of characters
+long. Both agent integrations record a tool call under its id; a long id is
+shortened to its head and a digest (``durable_steps.integrations._names``).
+These tests give each integration ids of 500 characters that differ only at
+their very end, and check that each call is recorded apart, replayed on a
+step's retry, and fired once as an effect under one key.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("pydantic_ai")
+pytest.importorskip("agents")
+
+from agents import Agent as SDKAgent
+from agents import ModelResponse as SDKResponse
+from agents import RunContextWrapper, Usage, function_tool, set_tracing_disabled
+from agents.models.interface import Model as SDKModel
+from openai.types.responses import (
+    ResponseFunctionToolCall,
+    ResponseOutputMessage,
+    ResponseOutputText,
+)
+from pydantic_ai import Agent, RunContext
+from pydantic_ai.messages import (
+    ModelMessage,
+    ModelRequest,
+    ModelResponse,
+    TextPart,
+    ToolCallPart,
+    ToolReturnPart,
+)
+from pydantic_ai.models.function import AgentInfo, FunctionModel
+
+import durable_steps as ds
+from durable_steps._journal import MAX_NAME
+from durable_steps.integrations import openai_agents, pydantic_ai
+from durable_steps.integrations._names import tool_call_name
+
+HEAD = "call_" + "x" * 495
+"""Two ids sharing their first 500 characters: only a digest of the whole tells them apart."""
+IDS = (HEAD + "A", HEAD + "B")
+pytestmark = [pytest.mark.pydantic_ai, pytest.mark.openai_agents]
+RETRY = ds.Retry(attempts=2, wait=0, on=RuntimeError)
+set_tracing_disabled(True)  # no trace export to OpenAI from a test
+
+
+def test_a_long_id_is_shortened_the_same_way_every_time_and_kept_apart() -> None:
+    short = "call_abc"
+    assert tool_call_name("", short) == "tool:call_abc"  # unchanged, as earlier versions named it
+    names = [tool_call_name("agent2:", i) for i in IDS]
+    assert names == [tool_call_name("agent2:", i) for i in IDS]  # stable across calls
+    assert names[0] != names[1]
+    assert all(n.startswith("agent2:tool:call_xxx") and len(n) < MAX_NAME - 16 for n in names)
+    # the longest name that is kept whole, and the shortest that is not
+    kept = "c" * (MAX_NAME - 24 - len("tool:"))
+    assert tool_call_name("", kept) == f"tool:{kept}"
+    assert tool_call_name("", kept + "c") != f"tool:{kept}c"
+
+
+def test_pydantic_ai_long_tool_call_ids_are_recorded_replayed_and_fired_once(
+    tmp_path: Path,
+) -> None:
+    requests: list[int] = []
+
+    def model(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        requests.append(len(messages))
+        returns = sorted(
+            str(p.content)
+            for m in messages
+            if isinstance(m, ModelRequest)
+            for p in m.parts
+            if isinstance(p, ToolReturnPart)
+        )
+        if not returns:
+            calls = [
+                ToolCallPart("refund", {"order": n}, tool_call_id=i) for n, i in enumerate(IDS)
+            ]
+            return ModelResponse(parts=calls)
+        return ModelResponse(parts=[TextPart(" / ".join(returns))])
+
+    agent = Agent(FunctionModel(model))
+    fired: list[tuple[int, str]] = []
+
+    @agent.tool
+    def refund(run_ctx: RunContext[None], order: int) -> str:
+        fired.append((order, pydantic_ai.idempotency_key(run_ctx)))
+        return f"refunded {order}"
+
+    durable = pydantic_ai.DurableAgent(agent, effects={"refund"})
+    wf = ds.Workflow("long-ids", store=ds.LocalStore(tmp_path))
+    outputs: list[str] = []
+
+    @wf.step(retry=RETRY)
+    def turn(state: dict[str, Any], ctx: ds.Context) -> None:
+        outputs.append(durable.run_sync("refund both", ctx=ctx).output)
+        if ctx.attempt == 1:
+            raise RuntimeError("after the agent run: the retry replays it")
+
+    wf.run("r1", {})
+    assert outputs == ["refunded 0 / refunded 1"] * 2
+    assert len(requests) == 2  # each request made once, replayed on the retry
+    assert sorted(order for order, _ in fired) == [0, 1]  # each effect once
+    assert fired[0][1] != fired[1][1]  # under keys of their own
+
+
+def test_openai_agents_long_call_ids_are_recorded_replayed_and_fired_once(
+    tmp_path: Path,
+) -> None:
+
+    class TwoRefunds(SDKModel):
+        """Asks for two refunds under long call ids, then answers with their results."""
+
+        calls = 0
+
+        async def get_response(
+            self, system_instructions: Any, input: Any, *args: Any, **kwargs: Any
+        ) -> SDKResponse:
+            TwoRefunds.calls += 1
+            items = input if isinstance(input, list) else []
+            told = sorted(
+                str(i["output"])
+                for i in items
+                if isinstance(i, dict) and i.get("type") == "function_call_output"
+            )
+            output: list[Any]
+            if not told:
+                output = [
+                    ResponseFunctionToolCall(
+                        type="function_call",
+                        name="refund",
+                        arguments=json.dumps({"order": n}),
+                        call_id=i,
+                        id=f"fc_{n}",
+                        status="completed",
+                    )
+                    for n, i in enumerate(IDS)
+                ]
+            else:
+                text = ResponseOutputText(type="output_text", text=" / ".join(told), annotations=[])
+                output = [
+                    ResponseOutputMessage(
+                        id="msg_1",
+                        type="message",
+                        role="assistant",
+                        status="completed",
+                        content=[text],
+                    )
+                ]
+            usage = Usage(requests=1, input_tokens=10, output_tokens=5, total_tokens=15)
+            return SDKResponse(output=output, usage=usage, response_id=None)
+
+        def stream_response(self, *args: Any, **kwargs: Any) -> Any:
+            raise NotImplementedError
+
+    fired: list[tuple[int, str]] = []
+
+    @function_tool
+    def refund(tool_ctx: RunContextWrapper[Any], order: int) -> str:
+        fired.append((order, openai_agents.idempotency_key(tool_ctx)))
+        return f"refunded {order}"
+
+    agent = SDKAgent(name="desk", model=TwoRefunds(), tools=[refund])
+    runner = openai_agents.DurableRunner(effects={"refund"})
+    outputs: list[str] = []
+
+    async def turn(state: dict[str, Any], ctx: ds.Context) -> None:
+        outputs.append(str((await runner.run(agent, "refund both", ctx=ctx)).final_output))
+        if ctx.attempt == 1:
+            raise RuntimeError("after the agent run: the retry replays it")
+
+    wf = ds.Workflow(
+        "long-ids", steps=[ds.step(turn, name="turn", retry=RETRY)], store=str(tmp_path)
+    )
+    asyncio.run(wf.arun("r1", {}))
+    assert outputs == ["refunded 0 / refunded 1"] * 2
+    assert TwoRefunds.calls == 2  # each response made once, replayed on the retry
+    assert sorted(order for order, _ in fired) == [0, 1]
+    assert fired[0][1] != fired[1][1]
