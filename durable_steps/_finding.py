@@ -24,7 +24,7 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from . import _index
+from . import _index, _index_read
 from ._drivers import drive_sync
 from ._events import logger
 from ._lease import is_live
@@ -93,7 +93,7 @@ class Finder:
         """Runs that raised an unexpected error, with the version they had then
         (None until a scan sees it): skipped until someone changes them."""
         self._skipped: set[str] = set()
-        self._lives: dict[str, _index.Live] = {}
+        self._lives: dict[str, _index_read.Live] = {}
         self._lock = threading.Lock()  # the worker's threads report a gone run (see gone)
 
     def claimable(self, limit: int | None, exclude: set[str] | frozenset[str]) -> list[str]:
@@ -111,7 +111,7 @@ class Finder:
     def _indexed(self, limit: int | None, exclude: set[str] | frozenset[str]) -> list[str]:
         now = time.time()
         skew = store_skew(self.store)
-        lives = drive_sync(_index.live_runs(self.workflow), self.store)
+        lives = drive_sync(_index_read.live_runs(self.workflow), self.store)
         lives.sort(key=lambda live: live.since)  # the longest waiting first
         found: list[str] = []
         for live in lives:
@@ -131,7 +131,7 @@ class Finder:
                 del table[run_id]
         return found
 
-    def _ready(self, live: _index.Live, now: float, skew: float | None) -> bool:
+    def _ready(self, live: _index_read.Live, now: float, skew: float | None) -> bool:
         """Whether ``live`` can be claimed, from its markers where they suffice."""
         hint = live.hint
         seen = self._seen.get(live.run_id)
@@ -153,7 +153,7 @@ class Finder:
             seen.owner, now=now, skew=skew, since=seen.updated_at, lease=self.lease
         )
 
-    def _settled(self, live: _index.Live, now: float, skew: float | None) -> bool:
+    def _settled(self, live: _index_read.Live, now: float, skew: float | None) -> bool:
         """Whether none of the run's entries changed in :data:`~durable_steps._index.GRACE`:
         then its head is read once (and remembered while its entries stay as they are).
         A marker judged by its name alone could be all an interrupted ``rm`` left — a
@@ -163,7 +163,7 @@ class Finder:
         store_now = now - (skew or 0.0)
         return all(store_now - e.modified > _index.GRACE for e in live.entries)
 
-    def _hinted(self, live: _index.Live, hint: _index.Entry, now: float) -> bool:
+    def _hinted(self, live: _index_read.Live, hint: _index.Entry, now: float) -> bool:
         """Whether a run is ready by its one marker alone (a class that needs no head)."""
         if hint.kind == "waiting":
             due = hint.until is not None and now >= hint.until
@@ -192,7 +192,9 @@ class Finder:
         got = self.store.get(key)
         return None if got is None else _Seen.of(got[0], got[1], key)
 
-    def _outdated(self, seen: _Seen, live: _index.Live, now: float, skew: float | None) -> bool:
+    def _outdated(
+        self, seen: _Seen, live: _index_read.Live, now: float, skew: float | None
+    ) -> bool:
         """Whether a remembered head may have changed in a way that matters: its
         owner's lease ran out by memory (it may have renewed it since), it is
         missing while an entry is young (a creation in progress: its head lands
@@ -210,7 +212,7 @@ class Finder:
             seen.owner, now=now, skew=skew, since=seen.updated_at, lease=self.lease
         )
 
-    def _read(self, live: _index.Live, now: float, skew: float | None) -> _Seen | None:
+    def _read(self, live: _index_read.Live, now: float, skew: float | None) -> _Seen | None:
         """GET the run's head, remember it, and repair what the index says of it."""
         key = ckpt.checkpoint_key(self.workflow, live.run_id)
         got = self.store.get(key)
@@ -232,10 +234,10 @@ class Finder:
             if not drive_sync(cleared, self.store):
                 return self._seen.get(live.run_id)
         if got is None or header is not None:
-            drive_sync(_index.repair(live, header, store_now), self.store)
+            drive_sync(_index_read.repair(live, header, store_now), self.store)
         return self._seen.get(live.run_id)
 
-    def _requarantined(self, live: _index.Live, now: float, skew: float | None) -> bool:
+    def _requarantined(self, live: _index_read.Live, now: float, skew: float | None) -> bool:
         """A quarantined run's head, read again once a while: changed, it may go."""
         seen = self._read(live, now, skew)
         return (

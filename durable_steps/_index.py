@@ -66,9 +66,9 @@ The protocol (why a crash at any instant loses no run)
     deleted only after :data:`GRACE` too, and then the head is read again and
     the marker it calls for now created: marker keys are reused (class and
     nonce), so the run may have moved back into that very key since the GET
-    (see :func:`repair`). A run leaving a hiding class writes its new marker
-    again after its head, for the same reason. The run's nudges stay until it
-    finishes.
+    (see :func:`~durable_steps._index_read.repair`). A run leaving a hiding
+    class writes its new marker again after its head, for the same reason.
+    The run's nudges stay until it finishes.
 Leftovers of a deleted run
     What an interrupted ``rm`` leaves — entries and parts with no head — is
     removed by the reader that finds no head once every entry is older than
@@ -95,6 +95,9 @@ Mixed versions (the upgrade rule)
     once the last old process stopped (it writes every entry they left out
     and is safe while runs run). Finding them without that would cost a
     listing of every run, which the index exists to avoid.
+
+This module names the entries and writes them as runs change class;
+:mod:`durable_steps._index_read` lists them and repairs what it finds stale.
 """
 
 from __future__ import annotations
@@ -104,9 +107,9 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from ._drivers import Delete, Get, ListObjects, Protocol, Put
+from ._drivers import Delete, ListObjects, Protocol, Put
 from ._events import logger
-from .errors import CheckpointConflict, DurableStepsError, StoreError
+from .errors import CheckpointConflict, StoreError
 
 if TYPE_CHECKING:
     from ._record.checkpoint import Checkpoint
@@ -131,7 +134,8 @@ creation in progress has written its marker and not yet its head."""
 CREATE_WITHIN = GRACE / 3
 """A creation whose head would be sent later than this after its marker gives up."""
 LIVE_CLASSES = ("queued", "running", "stopped", "waiting", "failed", "in_doubt")
-_NONCE = 16
+NONCE_CHARS = 16
+"""Hex digits of a run's nonce an entry carries (enough to tell runs of one id apart)."""
 _INV = 9_999_999_999_999  # inverted epoch milliseconds sort the newest first
 _HOUR_MS = 3_600_000
 
@@ -170,7 +174,7 @@ def marker_of(header: Checkpoint) -> str | None:
     kind = class_of(header)
     if kind is None:
         return None
-    name = f"{kind}-{header.run_nonce[:_NONCE]}"
+    name = f"{kind}-{header.run_nonce[:NONCE_CHARS]}"
     if kind == "waiting" and header.wait is not None:
         until = header.wait.get("until")
         due = "x" if until is None else str(int(until * 1000))
@@ -180,12 +184,12 @@ def marker_of(header: Checkpoint) -> str | None:
 
 def nudge_key(workflow: str, run_id: str, nonce: str, signal: str) -> str:
     """The nudge ``wf.signal`` leaves for a waiting run's scanners."""
-    return live_prefix(workflow, run_id) + f"signal-{nonce[:_NONCE]}-{signal}"
+    return live_prefix(workflow, run_id) + f"signal-{nonce[:NONCE_CHARS]}-{signal}"
 
 
 def nudged(workflow: str, run_id: str, nonce: str, signal: str) -> Protocol[None]:
     """Before a signal object is created: its nudge (create-only; one there is fine)."""
-    yield from _create(nudge_key(workflow, run_id, nonce, signal))
+    yield from create_entry(nudge_key(workflow, run_id, nonce, signal))
 
 
 def done_key(header: Checkpoint) -> str:
@@ -200,7 +204,7 @@ def done_entry(workflow: str, run_id: str, nonce: str, status: str, finished: fl
     inverted = _INV - int(finished * 1000)
     return (
         f"{done_prefix(workflow)}{inverted // _HOUR_MS:07d}/"
-        f"{inverted:013d}-{nonce[:_NONCE]}-{status}-{run_id}"
+        f"{inverted:013d}-{nonce[:NONCE_CHARS]}-{status}-{run_id}"
     )
 
 
@@ -240,7 +244,7 @@ def parse(info: ObjectInfo) -> Entry | None:
 def _live_entry(info: ObjectInfo, workflow: str, run_id: str, name: str) -> Entry | None:
     kind, _, rest = name.partition("-")
     nonce, _, rest = rest.partition("-")
-    if len(nonce) != _NONCE:
+    if len(nonce) != NONCE_CHARS:
         return None
     if kind == "signal":
         return Entry(info.key, workflow, run_id, kind, nonce, signal=rest, modified=info.modified)
@@ -266,7 +270,7 @@ def creating(header: Checkpoint) -> Protocol[float]:
     """Before a new run's head is created: its marker (create-only). Returns when
     it landed (monotonic), for :func:`too_late`.
     """
-    yield from _create(entry_of(header))
+    yield from create_entry(entry_of(header))
     return time.monotonic()
 
 
@@ -299,7 +303,7 @@ def leaving(before: str | None, header: Checkpoint) -> Protocol[str | None]:
     kind = before.rpartition("/")[2].partition("-")[0]
     if not (before.startswith(live_prefix()) and kind in HIDING):
         return None
-    yield from _create(entry_of(header))
+    yield from create_entry(entry_of(header))
     return entry_of(header)
 
 
@@ -318,7 +322,7 @@ def moved(before: str | None, header: Checkpoint) -> Protocol[str]:
         # reader's repair may have deleted it in between, while the head did not
         # call for it yet (create-only: one PUT more, only when leaving a hiding
         # class).
-        yield from _create(after)
+        yield from create_entry(after)
         if before is not None:
             yield Delete(before, None)
     except StoreError as exc:
@@ -350,7 +354,7 @@ def done_key_of(workflow: str, run_id: str, raw: dict[str, Any] | None) -> str |
     return done_entry(workflow, run_id, nonce, str(status), float(when))
 
 
-def _create(key: str) -> Protocol[None]:
+def create_entry(key: str) -> Protocol[None]:
     """Create an entry; one that exists already is just as good."""
     with contextlib.suppress(CheckpointConflict):
         yield Put(key, b"", None)
@@ -390,11 +394,11 @@ def registered(store_id: str, workflow: str, run_id: str | None = None) -> Proto
         # Two keys: the first may be the new run's own part, which sorts first
         # only if nothing else does; anything else there sorts after it or before.
         if not others((yield ListObjects("", 2))):  # a new store: nothing written unindexed
-            yield from _create(COMPLETE)
+            yield from create_entry(COMPLETE)
             existing = False
         else:
             existing = others((yield ListObjects(f"{workflow}/", 2)))
-        yield from _create(registry_key(workflow) + ("/partial" if existing else "/indexed"))
+        yield from create_entry(registry_key(workflow) + ("/partial" if existing else "/indexed"))
     _REGISTERED.add((store_id, workflow))
 
 
@@ -424,128 +428,7 @@ def mark_indexed(workflow: str | None) -> Protocol[None]:
     every workflow is registered): readers may trust the index.
     """
     if workflow is None:
-        yield from _create(COMPLETE)
+        yield from create_entry(COMPLETE)
         return
-    yield from _create(registry_key(workflow) + "/indexed")
+    yield from create_entry(registry_key(workflow) + "/indexed")
     yield Delete(registry_key(workflow) + "/partial", None)
-
-
-# --- reading: what is live, and repairs by whoever finds a stale entry -------------------
-
-
-@dataclass(frozen=True)
-class Live:
-    """What the index says of one live run: its markers, and the signals sent to it."""
-
-    workflow: str
-    run_id: str
-    markers: tuple[Entry, ...]
-    nudges: tuple[Entry, ...]
-
-    @property
-    def hint(self) -> Entry | None:
-        """The run's one marker; None when it has several (or none): read the head."""
-        return self.markers[0] if len(self.markers) == 1 else None
-
-    @property
-    def entries(self) -> tuple[Entry, ...]:
-        """The markers and the nudges."""
-        return (*self.markers, *self.nudges)
-
-    @property
-    def keys(self) -> frozenset[str]:
-        """Every entry's key: what changed since a scan is told by this."""
-        return frozenset(e.key for e in (*self.markers, *self.nudges))
-
-    @property
-    def since(self) -> float:
-        """When the run last changed class, as far as the index tells (store clock)."""
-        return max((e.modified for e in (*self.markers, *self.nudges)), default=0.0)
-
-    def signalled(self, nonce: str, signal: str) -> bool:
-        """Whether signal ``signal`` was sent to the run with ``nonce``."""
-        return any(n.signal == signal and n.nonce == nonce[:_NONCE] for n in self.nudges)
-
-
-def live_runs(workflow: str | None = None) -> Protocol[list[Live]]:
-    """The live runs of ``workflow`` (of every workflow with None): one LIST."""
-    grouped: dict[tuple[str, str], tuple[list[Entry], list[Entry]]] = {}
-    for info in (yield ListObjects(live_prefix(workflow))):
-        entry = parse(info)
-        if entry is None:
-            continue
-        markers, nudges = grouped.setdefault((entry.workflow, entry.run_id), ([], []))
-        (nudges if entry.kind == "signal" else markers).append(entry)
-    return [Live(w, r, tuple(m), tuple(n)) for (w, r), (m, n) in grouped.items()]
-
-
-def done_runs(workflow: str, limit: int | None = None) -> Protocol[list[Entry]]:
-    """The finished runs of ``workflow``, newest first (at most ``limit``)."""
-    infos = yield ListObjects(done_prefix(workflow), limit)
-    return [e for e in map(parse, infos) if e is not None]
-
-
-def repair(live: Live, header: Checkpoint | None, now: float) -> Protocol[None]:
-    """Bring ``live``'s entries in line with the head just read (None: no head).
-
-    Called by whoever read the head of a run the index lists (a worker's
-    scan): the marker the head calls for is created if missing; what
-    outlived its run is removed — every entry of a finished head's nonce
-    (once its done entry exists), and after :data:`GRACE` the entries of no
-    head or of another nonce, and markers of this nonce that the head does
-    not call for. ``now`` is on the store's clock. Best effort.
-
-    Why deleting is safe. An entry of no head or of another nonce older than
-    :data:`GRACE` is no creation in progress (a creation sends its head within
-    :data:`CREATE_WITHIN` of its marker, or gives up), and a nonce never
-    comes back. A marker of the head's *own* nonce is another matter: marker
-    keys are reused (class and nonce), a writer that finds its new marker
-    there already keeps it as it is (old), and the head may change class
-    between our GET and our delete — the owner releasing the run moves back
-    into exactly the stale ``stopped`` marker we are about to delete. So after
-    deleting one, the head is read again and the marker *it* calls for is
-    created (create-only): any class change whose marker write came before
-    our delete had its head written before it too, so this second read sees
-    it (or a later one, whose writer writes its own marker after it). One
-    more GET, only when a crash left a stale marker of a live run.
-    """
-    try:
-        if header is None:
-            for entry in live.entries:
-                if now - entry.modified > GRACE:
-                    yield Delete(entry.key, None)
-            return
-        wanted = entry_of(header)
-        if wanted not in live.keys:
-            yield from _create(wanted)
-        nonce = header.run_nonce[:_NONCE]
-        finished = marker_of(header) is None
-        deleted_mine = False
-        for entry in live.entries:
-            mine = entry.nonce == nonce
-            old = now - entry.modified > GRACE
-            stale = entry.kind != "signal" and entry.key != wanted
-            if (finished and mine) or (old and (not mine or stale)):
-                yield Delete(entry.key, None)
-                deleted_mine = deleted_mine or (mine and not finished)
-        if deleted_mine:
-            yield from _reread(header)
-    except StoreError as exc:
-        logger.info("run %s/%s: index repair failed (%s)", live.workflow, live.run_id, exc)
-
-
-def _reread(header: Checkpoint) -> Protocol[None]:
-    """After deleting a stale marker of a live head: the head again, and the entry
-    it calls for now created (see :func:`repair`).
-    """
-    from ._record import checkpoint as ckpt
-
-    key = ckpt.checkpoint_key(header.workflow, header.run_id)
-    got = yield Get(key)
-    if got is None:
-        return
-    try:
-        now, _ = ckpt.decode(got[0], where=f"checkpoint {key!r}")
-    except DurableStepsError:  # corrupt: the next reader that reads it says so
-        return
-    yield from _create(entry_of(now))

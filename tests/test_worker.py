@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 
 import durable_steps as ds
-from durable_steps import _index
+from durable_steps import _index_read
 from durable_steps._drivers import drive_sync
 from durable_steps._record import checkpoint as ckpt
 from tests import workerapp
@@ -444,7 +444,7 @@ def test_fleet_of_workers_survives_random_kills(
             kills += 1
             workers[victim] = _start_worker(durable_target, children)
         # The index's done entries tell which runs finished: one cheap LIST.
-        done = {e.run_id for e in drive_sync(_index.done_runs("fleet"), store)}
+        done = {e.run_id for e in drive_sync(_index_read.done_runs("fleet"), store)}
     assert kills == 12, f"the runs were done after {kills} kills: the fleet was never tested"
     for w in workers:
         w.signal(signal.SIGTERM)

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 
-from .. import _index
+from .. import _index, _index_read
 from .._drivers import drive_sync
 from .._record import checkpoint as ckpt
 from ..stores import Store
@@ -77,7 +77,7 @@ def _through_markers(
     crash between a run's last head and its done entry leaves it with only its old
     ``running`` marker, and it must not vanish from ``ls`` and ``prune`` for that.
     """
-    lives = [lv for lv in drive_sync(_index.live_runs(workflow), store) if lv.markers]
+    lives = [lv for lv in drive_sync(_index_read.live_runs(workflow), store) if lv.markers]
     if only is not None:
         lives = [lv for lv in lives if any(m.kind == only for m in lv.markers)]
     lives.sort(key=lambda lv: -lv.since)
@@ -87,7 +87,7 @@ def _through_markers(
     return [r for r in runs if r.status not in ("completed", "deleted")], over
 
 
-def _signals(live: _index.Live) -> frozenset[str]:
+def _signals(live: _index_read.Live) -> frozenset[str]:
     """The signals sent to the run (its nudges), as ``waiting_for`` wants them."""
     nonces = {m.nonce for m in live.markers}
     return frozenset(n.signal for n in live.nudges if n.signal and n.nonce in nonces)
@@ -100,7 +100,7 @@ def done(store: Store, workflow: str | None, limit: int | None) -> list[_index.E
     names = [workflow] if workflow else sorted(drive_sync(_index.workflows(), store))
     entries: list[_index.Entry] = []
     for name in names:
-        entries += drive_sync(_index.done_runs(name, limit), store)
+        entries += drive_sync(_index_read.done_runs(name, limit), store)
     entries.sort(key=lambda e: -(e.finished or 0.0))
     return entries if limit is None else entries[:limit]
 
@@ -200,7 +200,7 @@ def aged(
             if (e.finished or 0.0) <= finished_before
         ]
     now, young = time.time(), set()
-    for lv in drive_sync(_index.live_runs(workflow), store):
+    for lv in drive_sync(_index_read.live_runs(workflow), store):
         keys = tuple(sorted(lv.keys))
         failing = failed and any(m.kind == "failed" for m in lv.markers)
         leftover = not lv.markers and finished_before is not None  # a gone run's nudges
@@ -261,7 +261,9 @@ def locate_indexed(store: Store, run_id: str) -> list[str] | None:
     registered = drive_sync(_index.workflows(), store)
     if not (all(registered.values()) and drive_sync(_index.complete(), store)):
         return None
-    found = {lv.workflow for lv in drive_sync(_index.live_runs(), store) if lv.run_id == run_id}
+    found = {
+        lv.workflow for lv in drive_sync(_index_read.live_runs(), store) if lv.run_id == run_id
+    }
     others = [w for w in registered if w not in found]
     if others:
         with ThreadPoolExecutor(max_workers=min(16, len(others))) as pool:
