@@ -421,7 +421,8 @@ def test_a_step_of_many_calls_shows_63_plus(serve: Any) -> None:
 
 def test_a_resolution_is_on_the_timeline(serve: Any, tmp_path: Path) -> None:
     """resolve() records what a person decided in the run's history (the head it
-    rewrites anyway): the timeline shows it, and the commit after it."""
+    rewrites anyway): the timeline shows it, and the commit after it, marked as the
+    step run again."""
     pay(tmp_path, crash="A")
     store = ds.LocalStore(tmp_path / "s")
     ds.Workflow("pay", store=store).resolve("o1", fired=True, result={"id": "A-real"})
@@ -430,4 +431,6 @@ def test_a_resolution_is_on_the_timeline(serve: Any, tmp_path: Path) -> None:
     _, _, body = fetch(app.url + "/runs/pay/o1")
     assert "resolved by a person: fired" in body
     assert "1 effect in doubt" in body
-    assert body.index("resolved by a person") < body.index("<td>committed</td>")
+    # The commit after it: the step ran again once its effect was resolved, and says so.
+    again = '<td>committed <span class="rerun">ran again after a person resolved it (fired)'
+    assert body.index("resolved by a person") < body.index(again)

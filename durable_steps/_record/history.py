@@ -71,11 +71,13 @@ if TYPE_CHECKING:
 __all__ = [
     "SPILL_AT",
     "Commit",
+    "Followed",
     "Segment",
     "add",
     "chain",
     "decode",
     "due",
+    "follow",
     "history_prefix",
     "spill",
 ]
@@ -301,6 +303,32 @@ def chain(header: Checkpoint, found: dict[str, bytes]) -> list[Segment] | None:
     GETs); None when the run keeps no log. The chain is followed from the head
     back: a chunk missing, or not the one named (its digest), ends it, and
     what came before it is left out (the first segment then starts past 0).
+    :func:`follow` also says why it ended.
+    """
+    followed = follow(header, found)
+    return None if followed is None else followed.segments
+
+
+@dataclass(frozen=True)
+class Followed:
+    """What :func:`follow` found: the segments kept, and where the chain broke."""
+
+    segments: list[Segment]
+    broken: str | None = None
+    """The key of the chunk that ended the chain early (None: it reached the start)."""
+    reason: str | None = None
+    """Why: ``missing`` (no such object: deleted, or never there), ``tampered``
+    (an object whose bytes do not hash to its name), ``foreign`` (its bytes hash
+    to its name but it is not a chunk of this run: another run's, or made up)."""
+
+
+def follow(header: Checkpoint, found: dict[str, bytes]) -> Followed | None:
+    """:func:`chain`, and why it ended before the run's first entry.
+
+    The difference matters to a reader: a chunk that is gone means the entries
+    before it are not kept; one that is there with other bytes than its name
+    (its SHA-256) promises was changed after it was written (chunks are
+    immutable), and is never believed.
     """
     log = header.log
     if log is None:
@@ -313,17 +341,24 @@ def chain(header: Checkpoint, found: dict[str, bytes]) -> list[Segment] | None:
     except ValueError:
         pass
     wanted, end = log.get("last"), log["n"]
+    broken = reason = None
     while isinstance(wanted, str):
-        data = found.get(prefix + wanted)
-        if data is None or hashlib.sha256(data).hexdigest()[:32] != wanted.partition("-")[2]:
+        key = prefix + wanted
+        data = found.get(key)
+        if data is None:
+            broken, reason = key, "missing"
+            break
+        if hashlib.sha256(data).hexdigest()[:32] != wanted.partition("-")[2]:
+            broken, reason = key, "tampered"
             break
         line, _, body = data.partition(b"\n")
         meta = _meta(line, header)
         if meta is None or not isinstance(meta.get("first"), int) or meta["first"] > end:
+            broken, reason = key, "foreign"
             break
         out.append(Segment(meta["first"], end - meta["first"], tuple(meta["names"]), body))
         wanted, end = meta.get("prev"), meta["first"]
-    return out[::-1]
+    return Followed(out[::-1], broken, reason)
 
 
 def decode(segment: Segment, created: float) -> list[Commit]:

@@ -4,6 +4,10 @@ What ``show`` says, laid out for a page: the same computations
 (``cli._inspect.next_hint``, ``cli._runs.status_of`` and ``owner_text``,
 ``cli._waiting.signal_sent``), so the page and the command line never
 disagree about a run. Every value here is plain text: the template escapes it.
+
+What ``show`` prints of a head it cannot verify, the page marks (or, for a
+head that says it is signed and carries no signature, refuses): see
+:mod:`durable_steps.ui._signed`.
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ from ..cli._inspect import next_hint
 from ..cli._runs import effect_label, load, open_effects, owner_text, peek_header, status_of
 from ..cli._waiting import signal_sent
 from ..stores import Store
-from . import _history, _state, _timeline
+from . import _history, _signed, _state, _timeline
 
 __all__ = ["RunPage", "run_page"]
 
@@ -60,6 +64,8 @@ class RunPage:
     """Why there is no signal form (empty: there is one)."""
     delete_note: str = ""
     """Why there is no delete button (empty: there is one): what ``rm`` would refuse."""
+    signature: _signed.Signature | None = None
+    """Whether the head was verified; its warning is shown above everything else."""
 
     @property
     def name(self) -> str:
@@ -107,6 +113,7 @@ def run_page(
 ) -> RunPage:
     """Read a run and lay it out (``CommandError`` EXIT_NOT_FOUND when it does not exist)."""
     header, payload, data = load(store, workflow, run_id)
+    signature = _signed.check(header, data)  # before anything of the head is laid out
     now = time.time()
     status = status_of(header)
     sent_at = signal_sent(store, header)
@@ -123,6 +130,7 @@ def run_page(
         ("committed", f"{header.committed} step commit{'s' * (header.committed != 1)}"),
         ("steps", " → ".join(header.steps)),
         ("serializer", header.serializer),
+        ("signature", signature.text),
         ("version", str(header.version) if header.version is not None else "none"),
         ("size", human_size(run_size(len(data), raw))),
         ("created", timestamp(header.created_at, now)),
@@ -132,6 +140,7 @@ def run_page(
         end = lease_end(header.owner, since=header.updated_at)
         fields.insert(2, ("lease", f"ends {timestamp(end, now)}"))
     out = RunPage(workflow, run_id, status, next_hint(header, sent_at), fields)
+    out.signature = signature
     out.finished = header.status in _FINISHED
     _sections(out, header, sent_at, now)
     out.doubt_keys = json.dumps(doubt_keys(header))

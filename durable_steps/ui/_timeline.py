@@ -15,7 +15,7 @@ run of 10,000 steps is as quick to show as one of ten.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 from .._record import checkpoint as ckpt
@@ -47,6 +47,9 @@ class Entry:
     detail: str = ""
     exact: bool = True
     """False: ``at`` is only to the second (a commit the header's own history lists)."""
+    rerun: str = ""
+    """What the history records of this step's earlier runs in its pass (a failure,
+    a person's resolution), in words; empty: it ran once (as far as is recorded)."""
 
     @property
     def duration_text(self) -> str:
@@ -66,6 +69,15 @@ class Timeline:
     """Commits the run made that it kept no record of (older than its history)."""
     source: str
     """Where the commits came from: ``header`` (the recent ones) or ``history`` (all)."""
+    broken: tuple[str, str] | None = None
+    """Why the history kept ends early, ``(reason, words)``: a chunk ``missing`` (not
+    kept), ``tampered`` (its bytes do not match its digest) or ``foreign``
+    (``ui._history``); None when it does not."""
+
+    @property
+    def damaged(self) -> bool:
+        """A chunk of the history is there but is not what its name promises."""
+        return self.broken is not None and self.broken[0] != "missing"
 
     def passes(self) -> list[tuple[int | None, list[Entry]]]:
         """The page's entries grouped by pass, in order (``None``: not of a pass)."""
@@ -239,6 +251,8 @@ class Kept(Protocol):
     def first(self) -> int: ...
     @property
     def total(self) -> int: ...
+    @property
+    def broken(self) -> tuple[str, str] | None: ...
     def entries(self, lo: int, hi: int) -> list[Entry]: ...
 
 
@@ -246,6 +260,7 @@ class _Listed:
     """The header's recent commits, as a :class:`Kept`."""
 
     first = 0
+    broken = None
 
     def __init__(self, entries: list[Entry]) -> None:
         self._entries = entries
@@ -278,7 +293,10 @@ def build(
         last = kept.entries(total - 1, total)
         where = (error.get("step"), error.get("iteration"))
         if last and last[0].kind == "failure" and (last[0].step, last[0].iteration) == where:
-            total -= 1
+            total -= 1  # ...and what the history says of its step's earlier runs
+            pending = [
+                replace(e, rerun=last[0].rerun) if e.kind == "failure" else e for e in pending
+            ]
     count = 1 + total + len(pending)
     pages = max(1, -(-count // PAGE))
     page = min(max(1, page), pages)
@@ -286,4 +304,4 @@ def build(
     shown = [Entry(header.created_at, "created", outcome="run created")] if lo == 0 else []
     shown += kept.entries(max(0, lo - 1), min(total, hi - 1))
     shown += pending[max(0, lo - 1 - total) : max(0, hi - 1 - total)]
-    return Timeline(shown, page, pages, count, missing, source)
+    return Timeline(shown, page, pages, count, missing, source, kept.broken)
