@@ -26,7 +26,7 @@ import durable_steps as ds
 from durable_steps._record import checkpoint as ckpt
 from durable_steps._record import history
 from durable_steps.serializers import SIGNING_KEY_ENV
-from durable_steps.ui import _detail, _history
+from durable_steps.ui import _detail, _history, _listing
 
 from .test_ui_http import Server, fetch
 
@@ -103,6 +103,11 @@ def test_a_signed_head_stripped_of_its_signature_is_refused_with_or_without_the_
     assert code == 409
     assert "carries no signature" in body
     assert "forged" not in body.replace("forged_", "")  # the forged error is not shown
+    # the runs list reads raw headers: it shows the run as corrupt, not as failed
+    (row,) = _listing.list_runs(store).rows
+    assert (row.run_id, row.status) == ("r", "corrupt")
+    assert _listing.list_runs(store).counts.get("failed") is None
+    assert [r.status for r in _listing.list_runs(store, query="signed/r").rows] == ["corrupt"]
     monkeypatch.setenv(SIGNING_KEY_ENV, SECRET)
     with pytest.raises(ds.CorruptCheckpoint, match="not signed"):
         _detail.run_page(store, "signed", "r")

@@ -346,6 +346,19 @@ def encode(header: Checkpoint, payload: bytes, signer: Signer | None = None) -> 
 _SIG_TAIL = re.compile(rb',"sig":"([0-9a-f]{64})"\}\Z')
 
 
+def _seal_of(line: bytes) -> re.Match[bytes] | None:
+    """The ``sig`` field ending a header ``line``, if any (the tag is the line's
+    last field: only its end is looked at).
+    """
+    return _SIG_TAIL.search(line, max(len(line) - 80, 0))
+
+
+def sealed(data: bytes) -> bool:
+    """Whether the stored head ``data`` carries a signature (not whether it verifies)."""
+    newline = data.find(b"\n")
+    return _seal_of(data[:newline] if newline >= 0 else data) is not None
+
+
 def _unseal(data: bytes, signer: Signer | None, where: str, run: str | None) -> None:
     """Check a signed checkpoint's tag before anything in it is trusted.
 
@@ -358,8 +371,7 @@ def _unseal(data: bytes, signer: Signer | None, where: str, run: str | None) -> 
         return
     newline = data.find(b"\n")
     line = data[:newline] if newline >= 0 else data
-    offset = max(len(line) - 80, 0)  # the tag is the line's last field: look there only
-    found = _SIG_TAIL.search(line, offset)
+    found = _seal_of(line)
     if found is None:
         raise CorruptCheckpoint(
             f"{where} is not signed, but a signing key is set, so it is refused unread: "

@@ -14,6 +14,7 @@ the page says so.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import time
 from collections import Counter
@@ -28,6 +29,7 @@ from ..cli._ls import ls_row
 from ..cli._runs import RunInfo, find_runs
 from ..errors import DefinitionError
 from ..stores import Store
+from ._signed import unsealed_claim
 
 __all__ = ["COUNT_UP_TO", "LIVE", "STATUSES", "Listing", "Row", "list_runs"]
 
@@ -95,6 +97,18 @@ class Listing:
         }
 
 
+def _vetted(runs: list[RunInfo]) -> list[RunInfo]:
+    """``runs``, a head that says it is signed and carries no signature marked corrupt:
+    no workflow wrote it (see ``_signed``), so its status is nobody's to show.
+    """
+    return [
+        dataclasses.replace(r, status="corrupt", problem="says it is signed; carries no signature")
+        if r.header is not None and unsealed_claim(r.header)
+        else r
+        for r in runs
+    ]
+
+
 def _row(run: RunInfo, now: float) -> Row:
     cells = ls_row(run, now)
     updated = (run.header or {}).get("updated_at")
@@ -146,7 +160,7 @@ def _search(store: Store, workflow: str | None, query: str) -> tuple[list[RunInf
         found = store.get(key)
         if found is not None:
             runs.append(RunInfo.parse(name, run_id, key, *found))
-    return runs, None
+    return _vetted(runs), None
 
 
 def _all_ids(store: Store) -> list[tuple[str, str]]:
@@ -179,7 +193,7 @@ def list_runs(
         return _unindexed(
             store, workflow=workflow, status=status, query=query, limit=limit, workflows=workflows
         )
-    lives = live(store, workflow)  # every live head: the counts, and the first rows
+    lives = _vetted(live(store, workflow))  # every live head: the counts, the first rows
     counts = {k: str(v) for k, v in Counter(r.status for r in lives).items()}
     counts.update(_finished_counts(store, workflow))
     problem = None
@@ -229,7 +243,8 @@ def _finished(
                 if taken >= limit:
                     break
     entries.sort(key=lambda e: -(e.finished or 0.0))
-    return _read(store, [(e.workflow, e.run_id, frozenset()) for e in entries[:limit]]), capped
+    found = _read(store, [(e.workflow, e.run_id, frozenset()) for e in entries[:limit]])
+    return _vetted(found), capped
 
 
 def _unindexed(
@@ -243,7 +258,7 @@ def _unindexed(
 ) -> Listing:
     """:func:`list_runs` of a store the index does not cover: every run read, as ``ls`` does."""
     now = time.time()
-    runs = find_runs(store, workflow)
+    runs = _vetted(find_runs(store, workflow))
     runs.sort(key=lambda r: -float((r.header or {}).get("updated_at") or 0))
     counts = {k: str(v) for k, v in Counter(r.status for r in runs).items()}
     if query:
@@ -258,4 +273,4 @@ def _unindexed(
 
 def _heads(store: Store, entries: list[_index.Entry]) -> list[RunInfo]:
     """The heads of finished runs' done entries (gone ones left out), read in parallel."""
-    return _read(store, [(e.workflow, e.run_id, frozenset()) for e in entries])
+    return _vetted(_read(store, [(e.workflow, e.run_id, frozenset()) for e in entries]))

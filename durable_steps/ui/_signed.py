@@ -27,13 +27,15 @@ writes one.
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from .._record import checkpoint as ckpt
 from ..errors import CorruptCheckpoint
 from ..serializers import SIGNING_KEY_ENV, JSONSerializer, SignedSerializer
 
-__all__ = ["Signature", "check"]
+__all__ = ["Signature", "check", "unsealed_claim"]
 
 _SIGNED = "+hmac-sha256"
 
@@ -51,11 +53,13 @@ class Signature:
     """What the page says above everything else (empty: nothing to warn of)."""
 
 
-def _sealed(data: bytes) -> bool:
-    """Whether the header line ends in a ``sig`` field (not whether it verifies)."""
-    newline = data.find(b"\n")
-    line = data[:newline] if newline >= 0 else data
-    return ckpt._SIG_TAIL.search(line, max(len(line) - 80, 0)) is not None
+def unsealed_claim(raw: Mapping[str, Any]) -> bool:
+    """Whether a head's raw header says it is signed and carries no signature:
+    what the runs list marks corrupt (it reads raw headers, not the bytes
+    :func:`check` looks at; the run page then says why).
+    """
+    serializer = raw.get("serializer")
+    return isinstance(serializer, str) and serializer.endswith(_SIGNED) and "sig" not in raw
 
 
 def check(header: ckpt.Checkpoint, data: bytes) -> Signature:
@@ -63,7 +67,7 @@ def check(header: ckpt.Checkpoint, data: bytes) -> Signature:
     :class:`CorruptCheckpoint` for one that no workflow with the key wrote.
     """
     where = f"run {header.run}: checkpoint {ckpt.checkpoint_key(header.workflow, header.run_id)!r}"
-    claims, sealed = header.serializer.endswith(_SIGNED), _sealed(data)
+    claims, sealed = header.serializer.endswith(_SIGNED), ckpt.sealed(data)
     if claims and not sealed:
         raise CorruptCheckpoint(
             f"{where} says it is signed ({header.serializer}) but carries no signature. A "
