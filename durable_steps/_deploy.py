@@ -18,9 +18,33 @@ that change the code"):
 The decision is pure: it reads names and returns the new cursor, the intent
 with its ``index`` remapped (so the in-doubt check of ``_runner._advance``,
 and the persisted idempotency key, still apply) and the notes to log. The
-run's header takes the current step list at its next write. This module also
-holds ``Workflow(version=, migrate=)`` (:func:`migrate`); step code
-fingerprints are in ``_fingerprints``, ``wf.fork`` in ``_fork``.
+run's header takes the current step list at its next write — except the
+names of renamed steps, below. This module also holds ``Workflow(version=,
+migrate=)`` (:func:`migrate`); step code fingerprints are in
+``_fingerprints``, ``wf.fork`` in ``_fork``.
+
+Renames and rollbacks. A rename (``renamed_from``) is one-way: the old code
+has no ``renamed_from`` pointing back, so a head that names ``approve``
+where the old code has ``approval`` is, to it, a run whose next step (or
+pending intent, or journal) is gone: ``WorkflowChanged``. Were the new code
+to write its names (at its first write: the claim, the intent of a re-fire,
+``in_doubt`` for a person, a failure, a journal record), the deploy could not
+be rolled back exactly when a rollback is wanted: the new code stopped inside
+the renamed step. So a rename never rewrites a stored run: its head keeps
+the names it was stored with (:class:`Held`, applied by ``RunState.write``
+to the bytes it sends, never to the header in memory), and ``renamed_from``
+is only how the current code reads them. Not only until the renamed step
+commits: in an ``until`` loop the next pass stops in that step too, and a
+run the new code resumed before the step reaches it fresh. Keeping the old
+names, rather than writing the new ones with a record of the rename, also
+means the old code needs nothing it lacks — not even this version of the
+library. What it costs: a run made before a rename keeps the old name to its
+end (``plan`` and ``show --app`` keep saying so; its history has the name
+each commit ran under), and a second rename (``approval -> approve ->
+approved``) keeps every earlier name in ``renamed_from`` while such runs
+are unfinished, as the deploy guide says. A run the new code created has
+the new names; the old code resumes one stopped inside the renamed step
+only with ``renamed_from`` naming the new name (a rename back).
 """
 
 from __future__ import annotations
@@ -44,6 +68,7 @@ from .stores import command_hint
 
 __all__ = [
     "Decision",
+    "Held",
     "adopt",
     "check_serializer",
     "decide",
@@ -232,12 +257,47 @@ def check_serializer(run: str, stored: str, current: str) -> None:
         )
 
 
+@dataclass(frozen=True)
+class Held:
+    """The names a run was stored with for its renamed steps, which its head keeps
+    (see "Renames and rollbacks" above).
+    """
+
+    names: Mapping[str, str]
+    """``{current name: name the run was stored with}``."""
+
+    def stored(self, header: ckpt.Checkpoint) -> ckpt.Checkpoint:
+        """``header`` as it is written: renamed steps under their stored names."""
+        names = self.names
+        intent, journal, wait = header.intent, header.journal, header.wait
+        if intent is not None and intent["step"] in names:  # its key is persisted: unchanged
+            intent = {**intent, "step": names[intent["step"]]}
+        if journal is not None and journal["step"] in names:
+            # Records this execution makes carry the current name: ``was`` lists it,
+            # so the old code (and this code again) finds them (see ``_log``).
+            step, old = journal["step"], names[journal["step"]]
+            was = sorted({step, *journal.get("was", ())} - {old})
+            journal = {**journal, "step": old, "was": was}
+        if wait is not None and wait["step"] in names:
+            wait = {**wait, "step": names[wait["step"]]}
+        return header.replace(
+            steps=tuple(names.get(s, s) for s in header.steps),
+            intent=intent,
+            journal=journal,
+            wait=wait,
+        )
+
+
 def adopt(run: RunState, header: ckpt.Checkpoint) -> ckpt.Checkpoint:
     """``header`` mapped onto the current steps (see :func:`decide`); the notes
-    are logged and sent to subscribers. Raises :class:`WorkflowChanged`.
+    are logged and sent to subscribers, and ``run.held`` set to the renamed
+    steps' stored names, which the head keeps (:class:`Held`). Raises
+    :class:`WorkflowChanged`.
     """
     plan = run.plan
     decision = _decide(header, plan)
+    names = {new: old for old, new in plan.renamed().items() if old in header.steps}
+    run.held = Held(names) if names else None
     notes = decision.notes
     changed = code_changes(header.code, plan.code)
     if changed:

@@ -29,6 +29,7 @@ from .errors import CheckpointConflict, CorruptCheckpoint, SerializationError, S
 from .serializers import SignedSerializer
 
 if TYPE_CHECKING:
+    from ._deploy import Held
     from .stores import Store
 
 __all__ = ["Released", "RunState", "clear_objects", "store_skew"]
@@ -82,6 +83,8 @@ class RunState:
         self.pace = Pace(write_interval(plan.store))
         """When the head may next be written, on a store that limits writes
         per object name (GCS); always at once elsewhere (see ``_pacing``)."""
+        self.held: Held | None = None
+        """Renamed steps' stored names, which the head keeps (``_deploy.Held``)."""
 
     def event(self, kind: EventKind, **fields: Any) -> None:
         if self.plan.subscribers:
@@ -362,7 +365,8 @@ class RunState:
             # for the slot, it would run out that much sooner after the head
             # lands (see ``_pacing``, "The lease").
             header = self.stamp(header, release=release)
-            data = ckpt.encode(header, self.payload if payload is None else payload, self.signer)
+            sent = header if self.held is None else self.held.stored(header)  # a rollback's names
+            data = ckpt.encode(sent, self.payload if payload is None else payload, self.signer)
             previous, self.unanswered = self.unanswered, data
             try:
                 self.version = yield Put(self.key, data, self.version, self.pace.slot())

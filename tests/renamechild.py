@@ -1,6 +1,7 @@
 """A child process running a support desk's run under old or new code (a step renamed).
 
-    python tests/renamechild.py --store URL --code old|new --run R --scene S --ledger FILE
+    python tests/renamechild.py --store URL --code old|new|newer|back --run R --scene S \
+        --ledger FILE
 
 The old code's middle step is ``approval``; the new code's is ``approve``
 with ``renamed_from="approval"``. The step drafts a reply (``ctx.call``,
@@ -15,7 +16,11 @@ logged ``refund <key>``). The old code stops where ``--scene`` says:
 ``twice``         as ``call``; the new code records a second call, then is SIGKILLed
 
 The new code runs the run to its end and prints the final state as JSON. The
-newer code renames it again: ``approved`` with ``renamed_from="approve"``.
+newer code renames it again: ``approved`` with ``renamed_from=("approve",
+"approval")`` (a run the new code stopped inside the step still names it
+``approval``, so that a rollback finds it: every earlier name stays). The
+``back`` code is the old code redeployed (a rollback): the step is ``approval``
+again, and it resumes the run without stopping anywhere.
 """
 
 from __future__ import annotations
@@ -42,7 +47,8 @@ def append(path: Path, line: str) -> None:
 
 def desk(store: str, code: str, scene: str, ledger: Path) -> ds.Workflow:
     wf = ds.Workflow("desk", store=store)
-    old = code == "old"
+    old = code in ("old", "back")  # the old names
+    first = code == "old"  # the first run, which stops where --scene says
 
     @wf.step()
     def prepare(state: dict[str, Any]) -> None:
@@ -54,24 +60,24 @@ def desk(store: str, code: str, scene: str, ledger: Path) -> ds.Workflow:
 
     def refund(*, idempotency_key: str) -> str:
         append(ledger, f"refund {idempotency_key}")
-        if old and scene == "doubt":
+        if first and scene == "doubt":
             os.kill(os.getpid(), signal.SIGKILL)
         return f"re_{idempotency_key[-6:]}"
 
     def middle(state: dict[str, Any], ctx: ds.Context) -> None:
         state["draft"] = ctx.call("draft", draft)
-        if old and scene in ("call", "twice"):
+        if first and scene in ("call", "twice"):
             os.kill(os.getpid(), signal.SIGKILL)
         if scene == "twice":  # a call the new code records (its head names the new step)
             state["second"] = ctx.call("second", lambda: append(ledger, "second") or "ok")
             if code == "new":
                 os.kill(os.getpid(), signal.SIGKILL)
-        if old and scene == "fail":
+        if first and scene == "fail":
             raise ValueError("the refunds API is down")
         if scene == "wait":
             state["go"] = ctx.wait_for("go")
         state["refund"] = ctx.effect("refund", refund)
-        if old and scene == "kill-inside":
+        if first and scene == "kill-inside":
             os.kill(os.getpid(), signal.SIGKILL)
 
     if old:
@@ -79,7 +85,7 @@ def desk(store: str, code: str, scene: str, ledger: Path) -> ds.Workflow:
     elif code == "new":
         wf.step(name="approve", renamed_from="approval")(middle)
     else:
-        wf.step(name="approved", renamed_from="approve")(middle)
+        wf.step(name="approved", renamed_from=("approve", "approval"))(middle)
 
     @wf.step()
     def finish(state: dict[str, Any]) -> None:
@@ -91,7 +97,7 @@ def desk(store: str, code: str, scene: str, ledger: Path) -> ds.Workflow:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--store", required=True)
-    parser.add_argument("--code", choices=("old", "new", "newer"), required=True)
+    parser.add_argument("--code", choices=("old", "new", "newer", "back"), required=True)
     parser.add_argument("--run", required=True)
     parser.add_argument("--scene", required=True)
     parser.add_argument("--ledger", type=Path, required=True)

@@ -87,7 +87,8 @@ def app_source(
     extra: dict[str, str] | None = None,
 ) -> str:
     """A ``deployapp`` module: ``steps`` by name, ``"charge!"`` for a non-idempotent
-    step (``"charge?"``: with ``in_doubt="raise"``); the last step counts the pass.
+    step (``"charge?"``: with ``in_doubt="raise"``), ``"bill=charge"`` for step
+    ``bill`` with ``renamed_from="charge"``; the last step counts the pass.
     """
     source = MODULE.format(
         workflow=WORKFLOW,
@@ -98,12 +99,14 @@ def app_source(
         until=f'lambda s: s["passes"] >= {passes}' if passes > 1 else None,
     )
     for index, spec in enumerate(steps):
-        name = spec.rstrip("!?")
+        name, _, was = spec.rstrip("!?").partition("=")
         options = "idempotent=True"
         if spec.endswith("!"):
             options = "idempotent=False"
         if spec.endswith("?"):
             options = 'idempotent=False, in_doubt="raise"'
+        if was:
+            options += f", renamed_from={was!r}"
         body = (extra or {}).get(name, "")
         if index == len(steps) - 1:
             body += '\n    state["passes"] += 1'

@@ -96,7 +96,7 @@ def test_a_run_stopped_at_a_step_resumes_after_the_step_is_renamed(
     store = target.open()
     header = ckpt.decode(store.get("desk/t1/checkpoint")[0], where="t")[0]  # type: ignore[index]
     assert header.status == "completed"
-    assert header.steps == ("prepare", "approve", "finish")
+    assert header.steps == ("prepare", "approval", "finish")  # as stored: see test_rollback
 
 
 # --- definition-time checks --------------------------------------------------------------
@@ -158,8 +158,9 @@ def test_a_step_renamed_twice_replays_what_it_recorded_under_its_first_name(
     target: StoreTarget, tmp_path: Path
 ) -> None:
     """approval -> approve -> approved, the run killed inside the step under the first two
-    names: the newest code replays the draft recorded under 'approval' (after the second
-    code resumed the run once, its head names the step 'approve')."""
+    names: the newest code replays the draft recorded under 'approval' and the call the
+    second code recorded under 'approve' (its head still names the step 'approval', for a
+    rollback: see tests/test_rollback.py; the journal's ``was`` lists 'approve')."""
     ledger = tmp_path / "ledger"
     assert child(target, "old", "twice", ledger).returncode == -signal.SIGKILL
     assert child(target, "new", "twice", ledger).returncode == -signal.SIGKILL
