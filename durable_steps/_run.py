@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from . import _index, _pacing
@@ -29,7 +29,6 @@ from .errors import CheckpointConflict, CorruptCheckpoint, SerializationError, S
 from .serializers import SignedSerializer
 
 if TYPE_CHECKING:
-    from ._deploy import Held
     from .stores import Store
 
 __all__ = ["Released", "RunState", "clear_objects", "store_skew"]
@@ -83,8 +82,9 @@ class RunState:
         self.pace = Pace(write_interval(plan.store))
         """When the head may next be written, on a store that limits writes
         per object name (GCS); always at once elsewhere (see ``_pacing``)."""
-        self.held: Held | None = None
-        """Renamed steps' stored names, which the head keeps (``_deploy.Held``)."""
+        self.as_stored: Callable[[ckpt.Checkpoint], ckpt.Checkpoint] | None = None
+        """The head as it is written: renamed steps under the names the run was
+        stored with, which it keeps (``_deploy.Held``); None: as it is."""
 
     def event(self, kind: EventKind, **fields: Any) -> None:
         if self.plan.subscribers:
@@ -365,7 +365,7 @@ class RunState:
             # for the slot, it would run out that much sooner after the head
             # lands (see ``_pacing``, "The lease").
             header = self.stamp(header, release=release)
-            sent = header if self.held is None else self.held.stored(header)  # a rollback's names
+            sent = header if self.as_stored is None else self.as_stored(header)  # (rollbacks)
             data = ckpt.encode(sent, self.payload if payload is None else payload, self.signer)
             previous, self.unanswered = self.unanswered, data
             try:
