@@ -25,11 +25,11 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from . import _index, _index_read
+from ._clearing import clear_leftovers
 from ._drivers import drive_sync
 from ._events import logger
-from ._lease import is_live
+from ._lease import is_live, store_skew
 from ._record import checkpoint as ckpt
-from ._run import clear_leftovers, store_skew
 from .errors import CorruptCheckpoint, DefinitionError, DurableStepsError
 from .stores import command_hint
 

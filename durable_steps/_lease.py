@@ -78,6 +78,7 @@ __all__ = [
     "is_live",
     "judge",
     "lease_end",
+    "store_skew",
 ]
 
 Ownership = Literal["none", "live", "gone", "expired"]
@@ -421,3 +422,23 @@ class _Beater:
 
 
 _BEATER = _Beater()
+
+
+_SKEW_NOISE = 2.0
+"""Seconds of measured clock skew taken for none (a Date header has whole seconds)."""
+
+
+def store_skew(store: Any) -> float | None:
+    """The store's ``clock_skew()``, where it has one (an optional method)."""
+    measure = getattr(store, "clock_skew", None)
+    if measure is None:
+        return None
+    try:
+        skew = measure()
+    except Exception:  # a wrapper's broken method must not stop a run
+        return None
+    if not isinstance(skew, (int, float)) or isinstance(skew, bool):
+        return None
+    # A Date header has whole seconds: a measured skew this small is noise,
+    # and taking it for real would blur every lease by as much.
+    return 0.0 if abs(skew) < _SKEW_NOISE else float(skew)

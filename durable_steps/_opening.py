@@ -13,9 +13,9 @@ from __future__ import annotations
 from . import _deploy, _index
 from ._drivers import Get, Protocol
 from ._events import logger
-from ._lease import describe, judge
+from ._lease import describe, judge, store_skew
 from ._record import checkpoint as ckpt
-from ._run import RunState, store_skew
+from ._run import RunState
 from .errors import CorruptCheckpoint, DurableStepsError, RunLocked
 
 __all__ = ["RunGone", "load"]

@@ -8,11 +8,10 @@ from typing import TYPE_CHECKING, Any
 
 from . import _index
 from ._drivers import drive_sync
-from ._lease import describe, is_live
+from ._lease import describe, is_live, store_skew
 from ._record import checkpoint as ckpt
 from ._record import format2 as f2
 from ._record import history
-from ._run import store_skew
 from .errors import CheckpointConflict, DefinitionError, DurableStepsError, RunLocked
 from .serializers import plain_json
 

@@ -16,22 +16,22 @@ from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from . import _index, _pacing
-from ._drivers import Blocking, Delete, Get, ListKeys, ListObjects, Protocol, Put, Sweep, drive_sync
+from ._clearing import clear_objects
+from ._drivers import Blocking, Delete, Get, ListKeys, Protocol, Put, Sweep, drive_sync
 from ._events import Event, EventKind, emit, logger
-from ._lease import Heartbeat, Owner, describe
+from ._lease import Heartbeat, Owner, describe, store_skew
 from ._pacing import Pace, write_interval
 from ._plan import Plan
 from ._record import checkpoint as ckpt
 from ._record import format2 as f2
-from ._record import history
 from ._signals import signals_prefix
 from .errors import CheckpointConflict, CorruptCheckpoint, SerializationError, StoreError
 from .serializers import SignedSerializer
 
 if TYPE_CHECKING:
-    from .stores import Store
+    pass
 
-__all__ = ["Released", "RunState", "clear_objects", "store_skew"]
+__all__ = ["Released", "RunState"]
 
 
 class Released(Exception):
@@ -518,57 +518,3 @@ class RunState:
 
         interval = self.plan.lease / 3
         return Heartbeat(interval, renew, self.name, first=self.owner.stamped + interval)
-
-
-def clear_objects(workflow: str, run_id: str) -> Protocol[int]:
-    """Delete everything under a run's ``parts/``, ``signals/`` and ``history/``,
-    and what killed writers left there that no key lists; how many parts there were.
-    """
-    found = []
-    prefixes = (f2.parts_prefix(workflow, run_id), signals_prefix(workflow, run_id))
-    for prefix in (*prefixes, history.history_prefix(workflow, run_id)):
-        keys = yield ListKeys(prefix)
-        for key in keys:
-            yield Delete(key, None)
-        yield Sweep(prefix)
-        found.append(len(keys))
-    return found[0]  # the parts' (a run with none but signals left counts none)
-
-
-def clear_leftovers(workflow: str, run_id: str, before: float) -> Protocol[bool]:
-    """What a delete whose head went first left of a run (see ``cli/_cleanup``):
-    its parts and signals last written before ``before`` (store clock). Returns
-    False, deleting nothing, when a younger one is there: a run being created
-    under that id now writes its parts a moment before its head, and a reader
-    that found no head cannot tell it from a leftover but by age.
-    """
-    prefixes = (f2.parts_prefix(workflow, run_id), signals_prefix(workflow, run_id))
-    found = []
-    for prefix in prefixes:
-        found += yield ListObjects(prefix)
-    if any(info.modified >= before for info in found):
-        return False
-    for info in found:
-        yield Delete(info.key, None)
-    for prefix in prefixes:
-        yield Sweep(prefix)
-    return True
-
-
-def store_skew(store: Store) -> float | None:
-    """The store's ``clock_skew()``, where it has one (an optional method)."""
-    measure = getattr(store, "clock_skew", None)
-    if measure is None:
-        return None
-    try:
-        skew = measure()
-    except Exception:  # a wrapper's broken method must not stop a run
-        return None
-    if not isinstance(skew, (int, float)) or isinstance(skew, bool):
-        return None
-    # A Date header has whole seconds: a measured skew this small is noise,
-    # and taking it for real would blur every lease by as much.
-    return 0.0 if abs(skew) < _SKEW_NOISE else float(skew)
-
-
-_SKEW_NOISE = 2.0

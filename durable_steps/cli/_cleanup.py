@@ -29,9 +29,9 @@ from collections.abc import Callable
 from typing import Any
 
 from .. import _index
+from .._clearing import clear_leftovers, clear_objects
 from .._drivers import drive_sync
 from .._record import checkpoint as ckpt
-from .._run import clear_leftovers, clear_objects
 from ..errors import CheckpointConflict
 from ..stores import ObjectInfo, Store
 from ._base import (
