@@ -151,6 +151,9 @@ class Context:
     # events and traces display), its name staying what replays it. Same
     # semantics as the public methods above and below.
 
+    def _recorded(self, name: str) -> bool:
+        return self._journal is not None and self._journal.recorded(name)
+
     def _call(
         self, name: str, fn: Callable[..., R], args: Any, kwargs: Any, *, title: str | None
     ) -> R:

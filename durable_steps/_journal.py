@@ -404,6 +404,11 @@ class Journal(Log):
             title=self.title(name),
         )
 
+    def recorded(self, name: str) -> bool:
+        """Whether ``name`` has a recorded result (a call of it now replays it)."""
+        with self._cond:
+            return name in self.results or name in self.deferred
+
     def title(self, name: str) -> str | None:
         """What to show for call ``name``: the title its caller gave, now or
         when its intent was written; None when there is none.

@@ -14,6 +14,9 @@
                 ``event_stream_handler`` (its events are part of the outcome).
 ``self``        a tool that runs the same agent plainly (``agent.run`` on another
                 prompt, which answers at once): three requests in the run.
+``overload``    ``tools``, but the run's very first model request is refused
+                (``ModelOverloadedError``, once: a marker file) and retried by a
+                capability (pydantic-ai's ``RetryModelRequest`` pattern).
 
 Run as a script, it is the child of ``tests/test_pydantic_ai_crash.py``::
 
@@ -39,7 +42,9 @@ if __name__ == "__main__":
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from pydantic import BaseModel
-from pydantic_ai import Agent, RunContext
+from pydantic_ai import Agent, RetryModelRequest, RunContext
+from pydantic_ai.capabilities import AbstractCapability
+from pydantic_ai.exceptions import ModelOverloadedError
 from pydantic_ai.messages import (
     BinaryImage,
     DocumentUrl,
@@ -58,7 +63,7 @@ from pydantic_core import to_jsonable_python
 import durable_steps as ds
 from durable_steps.integrations.pydantic_ai import DurableAgent
 
-SCENES = ("tools", "multimodal", "subagent", "live", "stream", "self")
+SCENES = ("tools", "multimodal", "subagent", "live", "stream", "self", "overload")
 _VARYING = {"timestamp", "run_id", "conversation_id"}
 
 
@@ -79,11 +84,27 @@ def _returns(messages: list[ModelMessage]) -> list[Any]:
     ]
 
 
-def build(scene: str) -> tuple[Agent[Any, Any], DurableAgent, dict[str, int]]:
-    """A fresh agent for ``scene``, its DurableAgent, and its call counts."""
+class RetryOnOverload(AbstractCapability[Any]):
+    """Retry a request the provider refused as overloaded (pydantic-ai's documented way)."""
+
+    async def on_model_request_error(
+        self, ctx: Any, *, request_context: Any, error: Exception
+    ) -> Any:
+        if isinstance(error, ModelOverloadedError):
+            raise RetryModelRequest()
+        raise error
+
+
+def build(
+    scene: str, overloaded: Path | None = None
+) -> tuple[Agent[Any, Any], DurableAgent, dict[str, int]]:
+    """A fresh agent for ``scene``, its DurableAgent, and its call counts.
+    ``overloaded``: the marker file of scene ``overload`` (made by its refusal).
+    """
     calls = {"model": 0, "live": 0}
     responses = {  # request number -> response, per scene
         "tools": [ToolCallPart("lookup", {"order": 42}, tool_call_id="c1")],
+        "overload": [ToolCallPart("lookup", {"order": 42}, tool_call_id="c1")],
         "multimodal": [
             ToolCallPart("order", {"id": 42}, tool_call_id="c1"),
             ToolCallPart("picture", {}, tool_call_id="c2"),
@@ -96,6 +117,9 @@ def build(scene: str) -> tuple[Agent[Any, Any], DurableAgent, dict[str, int]]:
 
     def model(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
         calls["model"] += 1
+        if scene == "overload" and overloaded is not None and not overloaded.exists():
+            overloaded.touch()
+            raise ModelOverloadedError("function", "overloaded, try again")
         asked = sum(isinstance(m, ModelResponse) for m in messages)
         first = messages[0].parts[-1]
         if scene == "self" and getattr(first, "content", None) == "inner":
@@ -117,7 +141,10 @@ def build(scene: str) -> tuple[Agent[Any, Any], DurableAgent, dict[str, int]]:
         for piece in ("the total ", "is ", "20"):
             yield piece
 
-    agent: Agent[Any, Any] = Agent(FunctionModel(model, stream_function=stream), deps_type=dict)
+    capabilities = [RetryOnOverload()] if scene == "overload" else []
+    agent: Agent[Any, Any] = Agent(
+        FunctionModel(model, stream_function=stream), deps_type=dict, capabilities=capabilities
+    )
     live: set[str] = set()
 
     @agent.tool_plain
@@ -246,7 +273,7 @@ def main() -> int:
     parser.add_argument("--scene", choices=SCENES, required=True)
     parser.add_argument("--crash", action="store_true")
     args = parser.parse_args()
-    _, durable, calls = build(args.scene)
+    _, durable, calls = build(args.scene, Path(args.store).parent / "overloaded")
 
     def on_event(event: ds.Event) -> None:
         if args.crash and event.kind == "call_recorded" and "tool:" in (event.call or ""):

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from pydantic import BaseModel
 from pydantic_ai import Agent, RunContext
 from pydantic_ai.messages import (
     BinaryImage,
@@ -133,6 +134,61 @@ def test_tool_results_come_back_as_the_types_the_tools_returned(tmp_path: Path) 
         assert isinstance(returns["picture"], BinaryImage)
         assert returns["picture"].data == b"\x89PNG\x00\xff"
         assert isinstance(returns["manual"], DocumentUrl)
+
+
+class SpecialOrder(Order):
+    """A subclass no tool annotation names."""
+
+    note: str
+
+
+def _returning(fn: Callable[[], Any]) -> Callable[[], Agent[None, str]]:
+    """An agent that calls ``fn`` as its one tool, then answers with what it was shown."""
+
+    def model(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        if len(messages) == 1:
+            return ModelResponse(parts=[ToolCallPart(fn.__name__, {}, tool_call_id="c1")])
+        shown = [p.model_response_str() for p in messages[-1].parts if p.part_kind == "tool-return"]
+        return ModelResponse(parts=[TextPart(f"shown {shown}")])
+
+    def make() -> Agent[None, str]:
+        agent = Agent(FunctionModel(model))
+        agent.tool_plain(fn)
+        return agent
+
+    return make
+
+
+def as_float() -> float:
+    return 1  # an int where the annotation says float: shown as 1
+
+
+def coerced() -> dict[str, int]:
+    return {"a": "007"}  # type: ignore[dict-item]  # a str the annotation would make 7
+
+
+def subclass() -> Order:
+    return SpecialOrder(id=1, total=2, note="VIP")  # its note is not in Order
+
+
+def any_model() -> BaseModel:
+    return Order(id=5, total=2)  # BaseModel itself has no fields to build
+
+
+@pytest.mark.parametrize("fn", [as_float, coerced, subclass, any_model])
+def test_what_the_model_is_shown_is_the_plain_agents_when_the_annotation_would_change_it(
+    tmp_path: Path, fn: Callable[[], Any]
+) -> None:
+    """A result the return annotation would not give back as it was is kept as its JSON,
+    so the model sees what the plain agent shows it, live and replayed."""
+    make = _returning(fn)
+    plain = asyncio.run(make().run("go")).output
+    durable = DurableAgent(make())
+
+    async def body(ctx: ds.Context) -> str:
+        return (await durable.run("go", ctx=ctx)).output
+
+    assert retried(tmp_path, body) == [plain, plain]
 
 
 def stream_scene() -> tuple[Agent[None, str], DurableAgent, dict[str, int]]:
@@ -358,3 +414,41 @@ def test_the_history_is_appended_to_and_parsed_once(tmp_path: Path) -> None:
     assert lists[1][:2] == lists[2][:2]  # the same list, the same first message
     assert histories[2][0] is histories[1][0]  # the parsed message, kept
     assert json.loads(json.dumps(final["messages"])) == final["messages"]
+
+
+def test_a_tool_that_failed_is_told_as_failed_on_replay_and_not_run_again(
+    tmp_path: Path,
+) -> None:
+    """A ToolFailed is what the model was told and answered: it is recorded, so the
+    replay tells it again instead of running the tool (which would now succeed)."""
+    from pydantic_ai.exceptions import ToolFailed
+
+    def model(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        if len(messages) == 1:
+            return ModelResponse(parts=[ToolCallPart("balance", {}, tool_call_id="c1")])
+        told = messages[-1].parts[0]
+        return ModelResponse(parts=[TextPart(f"told: {getattr(told, 'content', '')}")])
+
+    def make(calls: list[int]) -> Agent[None, str]:
+        agent = Agent(FunctionModel(model))
+
+        @agent.tool_plain
+        def balance() -> str:
+            calls.append(1)
+            if len(calls) == 1:
+                raise ToolFailed("upstream 503")
+            return "100"
+
+        return agent
+
+    async def run(agent: Agent[None, str] | DurableAgent, **kwargs: Any) -> Any:
+        result = await agent.run("balance?", **kwargs)
+        return [result.output, norm_messages(result.all_messages()), usage_of(result)]
+
+    plain_calls: list[int] = []
+    plain = asyncio.run(run(make(plain_calls)))
+    durable_calls: list[int] = []
+    durable = DurableAgent(make(durable_calls))
+    assert retried(tmp_path, lambda ctx: run(durable, ctx=ctx)) == [plain, plain]
+    assert plain[0] == "told: upstream 503"
+    assert len(plain_calls) == len(durable_calls) == 1

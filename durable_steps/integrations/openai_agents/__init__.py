@@ -64,13 +64,12 @@ A second agent run in the same step
 Structured output, handoffs, ``max_turns``, hooks and ``context`` work as
 with ``Runner.run``: they are decided by the (replayed) responses.
 
-Not covered: ``run_streamed`` (refused, with what to use instead), tools
-that are not function tools (computer, shell, a local MCP server's), and an
-SDK-managed model retry (``ModelSettings(retry=...)``) followed by a crash:
-the failed try recorded nothing, so the re-run asks for that response anew
-while later records were made with the retry's. The client's own retries
-(``max_retries``) happen inside the recorded call and are safe; so is the
-step's ``retry=`` policy.
+Not covered: ``run_streamed`` (refused, with what to use instead), and
+tools that are not function tools (computer, shell, a local MCP server's).
+An SDK-managed model retry (``ModelSettings(retry=...)``) names its retry
+``model:N.2``, and a re-run replays the try that succeeded (see
+``integrations._names``); the client's own retries (``max_retries``) happen
+inside the recorded call.
 """
 
 from ._binding import idempotency_key

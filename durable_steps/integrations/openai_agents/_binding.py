@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ...errors import DefinitionError
-from .._names import tool_call_name
+from .._names import response_name, tool_call_name
 
 if TYPE_CHECKING:
     from agents import RunContextWrapper
@@ -47,10 +47,10 @@ class Binding:
     counts: dict[str, int] = field(default_factory=dict)
 
     def model_name(self) -> str:
-        """The name of the next model response (``model:3``; ``model:3.2`` for a retry)."""
-        number = self.responses + 1
-        retry = f".{self.tries + 1}" if self.tries else ""
-        return f"{self.prefix}model:{number}{retry}"
+        """The name of the next model response (``model:3``; ``model:3.2`` for a retry,
+        see ``integrations._names``, "Model responses").
+        """
+        return response_name(self.prefix, self.responses + 1, self.tries, self.ctx._recorded)
 
     def tool_name(self, call_id: str) -> str:
         """``tool:<call id>`` (a long id shortened, see ``integrations._names``); a

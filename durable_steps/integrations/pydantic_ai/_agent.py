@@ -108,6 +108,7 @@ class DurableAgent:
                 f"DurableAgent: {sorted(both)} named in both effects= and live=; an effect is "
                 "recorded with its idempotency key, a live tool is never recorded: pick one."
             )
+        _refuse_model_choosers(getattr(agent, "root_capability", None), "the agent has")
         known = _known_tools(agent.toolsets)
         for label, names in (("effects", self.effects), ("live", self.live)):
             unknown = names - known
@@ -248,6 +249,8 @@ class DurableAgent:
                 )
             turn = Turn(self._histories, ctx, state, self.history_key)
             run_kwargs["message_history"] = turn.read()
+        for capability in run_kwargs.get("capabilities") or ():
+            _refuse_model_choosers(capability, f"{where}: the run was given", ctx)
         given = run_kwargs.pop("model", None)
         model = _overriding_model(self.wrapped) or given or self.wrapped.model
         if model is None:
@@ -272,6 +275,42 @@ class DurableAgent:
         finally:
             binding.reset(token)
             series.active = False
+
+
+def _model_choosers() -> tuple[type[Any], ...]:
+    """pydantic-ai's capabilities that pick the model of a request (none before 2.6x)."""
+    try:
+        from pydantic_ai.capabilities import ModelFallback, SelectModel
+    except ImportError:  # an older pydantic-ai: nothing to refuse
+        return ()
+    return (ModelFallback, SelectModel)
+
+
+def _refuse_model_choosers(capability: Any, who: str, ctx: Context | None = None) -> None:
+    """Refuse a capability that picks the model of a request: the run's model is ours
+    (``Agent.override(model=)``, which outranks it), so ``SelectModel`` would be
+    ignored and a ``ModelFallback`` model's answers not recorded (asked anew on a
+    re-run: a fresh answer, its tool calls fired again).
+    """
+    kinds = _model_choosers()
+    if capability is None or not kinds:
+        return
+    try:
+        from pydantic_ai.capabilities.abstract import leaf_capabilities
+    except ImportError:
+        return
+    found = [c for c in leaf_capabilities(capability) if isinstance(c, kinds)]
+    if found:
+        names = ", ".join(sorted({type(c).__name__ for c in found}))
+        raise DefinitionError(
+            f"DurableAgent: {who} the capability {names}, which picks the model of each "
+            "request; DurableAgent records the requests of one model and cannot record those "
+            "(a re-run would ask them anew). Give the agent a FallbackModel as its model "
+            "instead (the whole fallback is then one recorded request), or pick the model "
+            "per run with model=.",
+            run=None if ctx is None else f"{ctx.workflow}/{ctx.run_id}",
+            step=None if ctx is None else ctx.step,
+        )
 
 
 def _keep(turn: Turn | None, messages: list[Any]) -> None:

@@ -20,7 +20,7 @@ as one start event per part.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any
 
@@ -34,7 +34,7 @@ from pydantic_ai.messages import (
 from pydantic_ai.models import CompletedStreamedResponse, StreamedResponse
 from pydantic_ai.models.wrapper import WrapperModel
 
-from ._tools import binding
+from ._tools import Binding, binding
 
 if TYPE_CHECKING:
     from pydantic_ai.models import ModelRequestParameters
@@ -72,8 +72,6 @@ class JournaledModel(WrapperModel):
         bound = binding.get()
         if bound is None:
             return await super().request(messages, model_settings, model_request_parameters)
-        bound.requests += 1
-        name = f"{bound.prefix}model:{bound.requests}"
 
         async def live() -> Any:
             response = await self.wrapped.request(
@@ -81,8 +79,7 @@ class JournaledModel(WrapperModel):
             )
             return dump_response(response)
 
-        recorded = await bound.ctx._acall(name, live, (), {}, title=self._title(bound.requests))
-        return load_response(recorded)
+        return load_response(await self._recorded(bound, live))
 
     @asynccontextmanager
     async def request_stream(
@@ -100,8 +97,6 @@ class JournaledModel(WrapperModel):
             ) as live_stream:
                 yield live_stream
             return
-        bound.requests += 1
-        name = f"{bound.prefix}model:{bound.requests}"
 
         async def live() -> Any:
             async with self.wrapped.request_stream(
@@ -113,7 +108,7 @@ class JournaledModel(WrapperModel):
                 "events": _EVENTS.dump_python(events, mode="json"),
             }
 
-        recorded = await bound.ctx._acall(name, live, (), {}, title=self._title(bound.requests))
+        recorded = await self._recorded(bound, live)
         if isinstance(recorded, dict) and recorded.keys() == {"response", "events"}:
             response = load_response(recorded["response"])
             replay: bool | list[ModelResponseStreamEvent] = _EVENTS.validate_python(
@@ -125,5 +120,17 @@ class JournaledModel(WrapperModel):
             response, model_request_parameters=model_request_parameters, replay_events=replay
         )
 
-    def _title(self, number: int) -> str:
-        return f"model request {number} ({self.wrapped.model_name})"
+    async def _recorded(self, bound: Binding, live: Callable[[], Awaitable[Any]]) -> Any:
+        """The next response as recorded (``live()`` made and recorded, or replayed).
+        A failed try records nothing, and its retry gets a name of its own
+        (see ``integrations._names``, "Model responses").
+        """
+        number = bound.requests + 1
+        title = f"model request {number} ({self.wrapped.model_name})"
+        try:
+            recorded = await bound.ctx._acall(bound.response_name(), live, (), {}, title=title)
+        except Exception:
+            bound.tries += 1
+            raise
+        bound.requests, bound.tries = number, 0
+        return recorded

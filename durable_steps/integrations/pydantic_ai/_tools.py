@@ -11,7 +11,10 @@ things make "the same" hold beyond plain JSON values:
   (``"type"``), which picks among the classes the annotation names (``->
   Order | Refund``); it is never imported: a record is data, and a class
   the annotation does not name is not built from it. Without an annotation
-  (or ``-> Any``) the JSON form is returned, live and replayed alike.
+  (or ``-> Any``) the JSON form is returned, live and replayed alike; so it
+  is when the annotation would not give back what the tool returned (a
+  subclass it does not name, a value it would coerce, ``-> BaseModel``):
+  the model must see the same JSON as from the plain agent.
 - **Multimodal content.** Results are encoded as pydantic-ai encodes a
   ``ToolReturnPart``'s content (``ModelMessagesTypeAdapter``: bytes as
   base64, each ``BinaryImage``, ``DocumentUrl``... tagged by its ``kind``),
@@ -25,7 +28,10 @@ things make "the same" hold beyond plain JSON values:
 
 A record is ``{"return": json, ["type": "module:Class"], ["usage": RunUsage]}``,
 ``{"retry": message}`` (a ``ModelRetry``: the model is told again, the tool
-not asked again) or ``{"tool_return": ToolReturn as JSON}``. Anything else is
+not asked again), ``{"failed": message}`` (a ``ToolFailed``: the model is
+told the tool failed, which it answered; asked again, the tool might now
+succeed, and the history would hold a result the recorded answer never saw)
+or ``{"tool_return": ToolReturn as JSON}``. Anything else is
 what ``wf.resolve(fired=True, result=...)`` recorded for an effect in doubt,
 given to the model as the tool's return value.
 """
@@ -46,10 +52,10 @@ from pydantic_ai.exceptions import ModelRetry
 from pydantic_ai.messages import ModelMessagesTypeAdapter, ModelRequest, ToolReturn, ToolReturnPart
 from pydantic_ai.toolsets import FunctionToolset, WrapperToolset
 from pydantic_ai.usage import RunUsage
-from pydantic_core import PydanticSerializationError
+from pydantic_core import PydanticSerializationError, to_json
 
 from ...errors import DefinitionError, SerializationError
-from .._names import tool_call_name
+from .._names import response_name, tool_call_name
 
 if TYPE_CHECKING:
     from pydantic_ai.tools import RunContext
@@ -59,7 +65,12 @@ if TYPE_CHECKING:
 
 _TOOL_RETURN: TypeAdapter[ToolReturn[Any]] = TypeAdapter(ToolReturn)
 _USAGE: TypeAdapter[RunUsage] = TypeAdapter(RunUsage)
-_OUTCOMES = frozenset({"return", "retry", "tool_return"})
+try:  # a failure the model is told of, as of a ModelRetry (not in every release)
+    from pydantic_ai.exceptions import ToolFailed
+except ImportError:  # a release without it: no tool raises one
+    ToolFailed = None  # type: ignore[misc,assignment]
+
+_OUTCOMES = frozenset({"return", "retry", "failed", "tool_return"})
 _EXTRAS = frozenset({"type", "usage"})
 _JSON_LEAVES = (str, int, float, bool, type(None), list, dict, tuple)
 _MAX_ARGS = 160  # characters of a tool's arguments in its title
@@ -76,7 +87,14 @@ class Binding:
     outer: dict[ContextVar[Any], Any] = field(default_factory=dict)
     """The agent's ``override`` variables as they were outside this run."""
     requests: int = 0
+    """Model responses recorded so far: the next one is ``model:<requests + 1>``."""
+    tries: int = 0
+    """Failed tries of the next response in this attempt (a retried model request)."""
     tools: set[str] = field(default_factory=set)
+
+    def response_name(self) -> str:
+        """The next model request's name (``model:3``; ``model:3.2`` for a retry)."""
+        return response_name(self.prefix, self.requests + 1, self.tries, self.ctx._recorded)
 
     def tool_name(self, run_ctx: RunContext[Any]) -> str:
         call_id = run_ctx.tool_call_id or run_ctx.tool_name or "?"
@@ -171,9 +189,11 @@ class JournaledToolset(WrapperToolset[Any]):
                     result = await self.wrapped.call_tool(name, tool_args, own, tool)
             except ModelRetry as exc:
                 record: dict[str, Any] = {"retry": exc.message}
-            except BaseException:
-                usage.incr(own.usage - before)  # not recorded: it runs again, as it would plainly
-                raise
+            except BaseException as exc:
+                if ToolFailed is None or not isinstance(exc, ToolFailed):
+                    usage.incr(own.usage - before)  # not recorded: it runs again, as plainly
+                    raise
+                record = {"failed": exc.message}
             else:
                 record = dump_result(result, name, bound)
             spent = own.usage - before
@@ -240,6 +260,8 @@ def load_result(recorded: Any, ctx: RunContext[Any], tool: ToolsetTool[Any], nam
         ctx.usage.incr(_USAGE.validate_python(recorded["usage"]))
     if "retry" in recorded:
         raise ModelRetry(recorded["retry"])
+    if "failed" in recorded:
+        raise (ModelRetry if ToolFailed is None else ToolFailed)(recorded["failed"])
     if "tool_return" in recorded:
         return _TOOL_RETURN.validate_python(recorded["tool_return"])
     value = recorded["return"]
@@ -248,8 +270,13 @@ def load_result(recorded: Any, ctx: RunContext[Any], tool: ToolsetTool[Any], nam
     for kind in (picked, declared):
         if kind is not None:
             try:
-                return _adapter(kind).validate_python(value)
-            except (ValidationError, TypeError, ValueError):
+                rebuilt = _adapter(kind).validate_python(value)
+                # Only if nothing was lost or changed on the way: the model must see what
+                # the tool returned (a subclass the annotation does not name keeps its
+                # fields, "007" stays a string under -> dict[str, int], 1 is not 1.0).
+                if to_json(_dump_content(rebuilt)) == to_json(value):
+                    return rebuilt
+            except (ValidationError, PydanticSerializationError, TypeError, ValueError):
                 continue  # recorded by another version of the tool: try the next
     return _load_content(value)
 

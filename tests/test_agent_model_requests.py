@@ -1,0 +1,247 @@
+"""Model requests an agent framework retries or moves to another model, then a re-run.
+
+Retried requests.
+
+The failed try records nothing; its retry is recorded as ``model:N.2``. A
+re-run of the step (here: the step's own retry, which replays the journal as
+a resume does; ``tests/test_pydantic_ai_crash.py`` kills real processes) must
+replay the try that succeeded. It used to ask for response N anew: a fresh
+answer, the run going on from it, and the refund the recorded answer had
+asked for fired again under another key.
+
+Other models. pydantic-ai's ``ModelFallback`` and ``SelectModel`` capabilities
+pick the model of each request, which DurableAgent (whose model is the one
+it records) cannot record: they are refused, saying what to use instead;
+a ``FallbackModel`` as the agent's model is recorded whole.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+import pytest
+
+pytest.importorskip("pydantic_ai")
+pytest.importorskip("agents")
+
+from agents import Agent as SDKAgent
+from agents import ModelResponse as SDKResponse
+from agents import ModelSettings, RunContextWrapper, Usage, function_tool, set_tracing_disabled
+from agents.models.interface import Model as SDKModel
+from agents.retry import ModelRetrySettings
+from openai.types.responses import (
+    ResponseFunctionToolCall,
+    ResponseOutputMessage,
+    ResponseOutputText,
+)
+from pydantic_ai import Agent, ModelResponse, RetryModelRequest, RunContext
+from pydantic_ai.capabilities import AbstractCapability, ModelFallback, SelectModel
+from pydantic_ai.exceptions import ModelOverloadedError
+from pydantic_ai.messages import ModelMessage, TextPart, ToolCallPart
+from pydantic_ai.models.fallback import FallbackModel
+from pydantic_ai.models.function import AgentInfo, FunctionModel
+
+import durable_steps as ds
+from durable_steps.integrations import openai_agents, pydantic_ai
+from durable_steps.integrations._names import response_name
+
+pytestmark = [pytest.mark.pydantic_ai, pytest.mark.openai_agents]
+set_tracing_disabled(True)  # no trace export to OpenAI from a test
+RETRY = ds.Retry(attempts=2, wait=0, on=RuntimeError)
+
+
+def test_the_first_try_of_a_response_takes_the_name_of_the_try_recorded() -> None:
+    recorded = {"model:1", "agent2:model:3.4"}.__contains__
+    assert response_name("", 1, 0, recorded) == "model:1"
+    assert response_name("", 2, 0, recorded) == "model:2"  # none recorded: asked anew
+    assert response_name("", 2, 1, recorded) == "model:2.2"  # a retry in this attempt
+    assert response_name("agent2:", 3, 0, recorded) == "agent2:model:3.4"  # replayed
+
+
+class RetryOnOverload(AbstractCapability[None]):
+    """pydantic-ai's documented pattern: retry a request the provider refused."""
+
+    async def on_model_request_error(
+        self, ctx: Any, *, request_context: Any, error: Exception
+    ) -> Any:
+        if isinstance(error, ModelOverloadedError):
+            raise RetryModelRequest()
+        raise error
+
+
+def test_pydantic_ai_a_retried_request_replays_and_fires_its_effect_once(
+    tmp_path: Any,
+) -> None:
+    requests: list[int] = []
+
+    def model(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        requests.append(len(messages))
+        if len(requests) == 1:
+            raise ModelOverloadedError("function", "overloaded, try again")
+        if len(messages) == 1:
+            return ModelResponse(parts=[ToolCallPart("refund", {"cents": 500}, tool_call_id="c1")])
+        return ModelResponse(parts=[TextPart("refunded")])
+
+    agent = Agent(FunctionModel(model), capabilities=[RetryOnOverload()])
+    keys: list[str] = []
+
+    @agent.tool
+    def refund(run_ctx: RunContext[None], cents: int) -> str:
+        keys.append(pydantic_ai.idempotency_key(run_ctx))
+        return "ok"
+
+    durable = pydantic_ai.DurableAgent(agent, effects={"refund"})
+    seen: list[tuple[str, int, int, int]] = []
+    wf = ds.Workflow("retried", store=ds.LocalStore(tmp_path))
+
+    @wf.step(retry=RETRY)
+    async def turn(state: dict[str, Any], ctx: ds.Context) -> None:
+        result = await durable.run("refund order 1", ctx=ctx)
+        usage = result.usage
+        seen.append((result.output, usage.requests, usage.tool_calls, len(result.all_messages())))
+        if ctx.attempt == 1:
+            raise RuntimeError("after the agent run: the retry replays it")
+
+    asyncio.run(wf.arun("r1", {}))
+    plain = ("refunded", 2, 1, 4)  # what the plain agent gives (the failed try counts nothing)
+    assert seen == [plain, plain]
+    assert len(requests) == 3  # the failed try, its retry, the answer: none asked again
+    assert len(keys) == 1  # the refund fired once
+
+
+def test_openai_agents_an_sdk_retried_response_replays_and_fires_its_effect_once(
+    tmp_path: Any,
+) -> None:
+    class Flaky(SDKModel):
+        """Fails its first response once, then asks for a refund, then answers."""
+
+        calls = 0
+
+        async def get_response(
+            self, system_instructions: Any, input: Any, *args: Any, **kwargs: Any
+        ) -> SDKResponse:
+            Flaky.calls += 1
+            if Flaky.calls == 1:
+                raise ConnectionError("connection reset by the provider")
+            items = input if isinstance(input, list) else []
+            told = any(
+                isinstance(i, dict) and i.get("type") == "function_call_output" for i in items
+            )
+            output: list[Any]
+            if not told:
+                output = [
+                    ResponseFunctionToolCall(
+                        type="function_call",
+                        name="refund",
+                        arguments=json.dumps({"cents": 500}),
+                        call_id=f"call_{Flaky.calls}",  # a fresh answer would carry a new id
+                        id="fc_1",
+                        status="completed",
+                    )
+                ]
+            else:
+                text = ResponseOutputText(type="output_text", text="refunded", annotations=[])
+                output = [
+                    ResponseOutputMessage(
+                        id="msg_1",
+                        type="message",
+                        role="assistant",
+                        status="completed",
+                        content=[text],
+                    )
+                ]
+            usage = Usage(requests=1, input_tokens=10, output_tokens=5, total_tokens=15)
+            return SDKResponse(output=output, usage=usage, response_id=None)
+
+        def stream_response(self, *args: Any, **kwargs: Any) -> Any:
+            raise NotImplementedError
+
+    keys: list[str] = []
+
+    @function_tool
+    def refund(tool_ctx: RunContextWrapper[Any], cents: int) -> str:
+        keys.append(openai_agents.idempotency_key(tool_ctx))
+        return "ok"
+
+    settings = ModelSettings(retry=ModelRetrySettings(max_retries=2, policy=lambda _: True))
+    agent = SDKAgent(name="desk", model=Flaky(), tools=[refund], model_settings=settings)
+    runner = openai_agents.DurableRunner(effects={"refund"})
+    outputs: list[str] = []
+
+    async def turn(state: dict[str, Any], ctx: ds.Context) -> None:
+        outputs.append(str((await runner.run(agent, "refund order 1", ctx=ctx)).final_output))
+        if ctx.attempt == 1:
+            raise RuntimeError("after the agent run: the retry replays it")
+
+    wf = ds.Workflow(
+        "retried", steps=[ds.step(turn, name="turn", retry=RETRY)], store=str(tmp_path)
+    )
+    asyncio.run(wf.arun("r1", {}))
+    assert outputs == ["refunded", "refunded"]
+    assert Flaky.calls == 3  # the failed try, its retry, the answer: none asked again
+    assert len(keys) == 1
+
+
+def test_pydantic_ai_capabilities_that_pick_the_model_are_refused(tmp_path: Any) -> None:
+    def answer(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        return ModelResponse(parts=[TextPart("hi")])
+
+    backup = FunctionModel(answer)
+    for capability in (ModelFallback(backup), SelectModel(lambda _: backup)):
+        agent = Agent(FunctionModel(answer), capabilities=[capability])
+        with pytest.raises(ds.DefinitionError, match=type(capability).__name__) as refused:
+            pydantic_ai.DurableAgent(agent)
+        assert "FallbackModel" in str(refused.value)
+    durable = pydantic_ai.DurableAgent(Agent(FunctionModel(answer)))
+    wf = ds.Workflow("chooser", store=ds.LocalStore(tmp_path))
+
+    @wf.step()
+    async def turn(state: dict[str, Any], ctx: ds.Context) -> None:
+        await durable.run("hi", ctx=ctx, capabilities=[SelectModel(lambda _: backup)])
+
+    with pytest.raises(ds.StepFailed) as failed:
+        asyncio.run(wf.arun("r1", {}))
+    assert "SelectModel" in str(failed.value.__cause__)
+    assert "chooser/r1" in str(failed.value.__cause__)
+
+
+def test_pydantic_ai_a_fallback_model_is_recorded_whole(tmp_path: Any) -> None:
+    """The primary refuses, the backup answers a tool call with a fresh id each time:
+    replayed, the backup is not asked again and the refund fires once."""
+    asked: list[str] = []
+
+    def primary(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        asked.append("primary")
+        raise ModelOverloadedError("function", "overloaded")
+
+    def backup(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        asked.append("backup")
+        if len(messages) == 1:
+            call = ToolCallPart("refund", {"cents": 5}, tool_call_id=f"call_{len(asked)}")
+            return ModelResponse(parts=[call])
+        return ModelResponse(parts=[TextPart("refunded")])
+
+    agent = Agent(FallbackModel(FunctionModel(primary), FunctionModel(backup)))
+    keys: list[str] = []
+
+    @agent.tool
+    def refund(run_ctx: RunContext[None], cents: int) -> str:
+        keys.append(pydantic_ai.idempotency_key(run_ctx))
+        return "ok"
+
+    durable = pydantic_ai.DurableAgent(agent, effects={"refund"})
+    outputs: list[str] = []
+    wf = ds.Workflow("fallback", store=ds.LocalStore(tmp_path))
+
+    @wf.step(retry=RETRY)
+    async def turn(state: dict[str, Any], ctx: ds.Context) -> None:
+        outputs.append((await durable.run("refund", ctx=ctx)).output)
+        if ctx.attempt == 1:
+            raise RuntimeError("after the agent run: the retry replays it")
+
+    asyncio.run(wf.arun("r1", {}))
+    assert outputs == ["refunded", "refunded"]
+    assert asked.count("backup") == 2  # the two requests, once each
+    assert len(keys) == 1
