@@ -290,14 +290,14 @@ class Held:
 
 def adopt(run: RunState, header: ckpt.Checkpoint) -> ckpt.Checkpoint:
     """``header`` mapped onto the current steps (see :func:`decide`); the notes
-    are logged and sent to subscribers, and ``run.as_stored`` set to keep the
+    are logged and sent to subscribers, and ``run.held`` set to keep the
     renamed steps' stored names in the head (:class:`Held`). Raises
     :class:`WorkflowChanged`.
     """
     plan = run.plan
     decision = _decide(header, plan)
     names = {new: old for old, new in plan.renamed().items() if old in header.steps}
-    run.as_stored = Held(names).stored if names else None
+    run.held = Held(names) if names else None
     notes = decision.notes
     changed = code_changes(header.code, plan.code)
     if changed:

@@ -83,6 +83,9 @@ class Writer(typing.Protocol):
     def signer(self) -> Signer | None:
         """The signing serializer, whose key signs what the run writes."""
 
+    def stored_step(self, step: str) -> str:
+        """The name the run's head keeps for ``step`` (a renamed step's earlier one)."""
+
     def event(self, kind: EventKind, **fields: Any) -> None:
         """Tell the run's subscribers."""
 

@@ -12,8 +12,9 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
-from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any
+import typing
+from collections.abc import Iterator, Mapping
+from typing import Any
 
 from . import _index, _pacing
 from ._clearing import clear_objects
@@ -28,10 +29,18 @@ from ._signals import signals_prefix
 from .errors import CheckpointConflict, CorruptCheckpoint, SerializationError, StoreError
 from .serializers import SignedSerializer
 
-if TYPE_CHECKING:
-    pass
+__all__ = ["Keeping", "Released", "RunState"]
 
-__all__ = ["Released", "RunState"]
+
+class Keeping(typing.Protocol):
+    """The names a run's head keeps for renamed steps (``_deploy.Held``)."""
+
+    @property
+    def names(self) -> Mapping[str, str]:
+        """``{current name: name the run was stored with}``."""
+
+    def stored(self, header: ckpt.Checkpoint) -> ckpt.Checkpoint:
+        """``header`` as it is written: renamed steps under their stored names."""
 
 
 class Released(Exception):
@@ -82,9 +91,13 @@ class RunState:
         self.pace = Pace(write_interval(plan.store))
         """When the head may next be written, on a store that limits writes
         per object name (GCS); always at once elsewhere (see ``_pacing``)."""
-        self.as_stored: Callable[[ckpt.Checkpoint], ckpt.Checkpoint] | None = None
-        """The head as it is written: renamed steps under the names the run was
-        stored with, which it keeps (``_deploy.Held``); None: as it is."""
+        self.held: Keeping | None = None
+        """Renamed steps' stored names, which the head keeps (``_deploy.Held``);
+        None: the run's names are the code's."""
+
+    def stored_step(self, step: str) -> str:
+        """The name the run's head keeps for ``step`` (a renamed step's earlier one)."""
+        return step if self.held is None else self.held.names.get(step, step)
 
     def event(self, kind: EventKind, **fields: Any) -> None:
         if self.plan.subscribers:
@@ -365,7 +378,7 @@ class RunState:
             # for the slot, it would run out that much sooner after the head
             # lands (see ``_pacing``, "The lease").
             header = self.stamp(header, release=release)
-            sent = header if self.as_stored is None else self.as_stored(header)  # (rollbacks)
+            sent = header if self.held is None else self.held.stored(header)  # (rollbacks)
             data = ckpt.encode(sent, self.payload if payload is None else payload, self.signer)
             previous, self.unanswered = self.unanswered, data
             try:

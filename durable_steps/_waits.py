@@ -202,6 +202,9 @@ def receive(run: Writer, step: str, iteration: int, name: str) -> Protocol[Any]:
             step=step,
         )
     if received is None:
+        # Marked under the name the run's head keeps: the code a rename replaced, if it
+        # is redeployed, must find the signal received by its own step (_deploy.Held).
+        mark = [run.stored_step(step), iteration]
         with contextlib.suppress(DurableStepsError):  # changed, unreachable: fine
-            yield Put(key, consumed(record, here, run.signer), found[1])
+            yield Put(key, consumed(record, mark, run.signer), found[1])
     return record.get("payload")

@@ -14,6 +14,8 @@
                 ``event_stream_handler`` (its events are part of the outcome).
 ``self``        a tool that runs the same agent plainly (``agent.run`` on another
                 prompt, which answers at once): three requests in the run.
+``tags``        a tool returning a pydantic model with a ``set`` field (dumped in
+                hash order, which differs between processes).
 ``overload``    ``tools``, but the run's very first model request is refused
                 (``ModelOverloadedError``, once: a marker file) and retried by a
                 capability (pydantic-ai's ``RetryModelRequest`` pattern).
@@ -63,7 +65,7 @@ from pydantic_core import to_jsonable_python
 import durable_steps as ds
 from durable_steps.integrations.pydantic_ai import DurableAgent
 
-SCENES = ("tools", "multimodal", "subagent", "live", "stream", "self", "overload")
+SCENES = ("tools", "multimodal", "subagent", "live", "stream", "self", "overload", "tags")
 _VARYING = {"timestamp", "run_id", "conversation_id"}
 
 
@@ -72,6 +74,12 @@ class Order(BaseModel):
 
     id: int
     total: int
+
+
+class Tagged(BaseModel):
+    """A typed result whose JSON order is the process's (a set)."""
+
+    tags: set[str]
 
 
 def _returns(messages: list[ModelMessage]) -> list[Any]:
@@ -105,6 +113,7 @@ def build(
     responses = {  # request number -> response, per scene
         "tools": [ToolCallPart("lookup", {"order": 42}, tool_call_id="c1")],
         "overload": [ToolCallPart("lookup", {"order": 42}, tool_call_id="c1")],
+        "tags": [ToolCallPart("tag", {}, tool_call_id="c1")],
         "multimodal": [
             ToolCallPart("order", {"id": 42}, tool_call_id="c1"),
             ToolCallPart("picture", {}, tool_call_id="c2"),
@@ -164,6 +173,12 @@ def build(
         @agent.tool_plain
         def manual() -> DocumentUrl:
             return DocumentUrl(url="https://example.com/manual.pdf")
+
+    if scene == "tags":
+
+        @agent.tool_plain
+        def tag() -> Tagged:
+            return Tagged(tags={f"tag{i}" for i in range(12)})
 
     if scene == "subagent":
         sub = Agent(FunctionModel(_sub_model))

@@ -14,6 +14,8 @@ logged ``refund <key>``). The old code stops where ``--scene`` says:
 ``fail``          the step raises after the draft (the run fails)
 ``wait``          the step waits for signal ``go`` (the run suspends)
 ``twice``         as ``call``; the new code records a second call, then is SIGKILLed
+``signal-kill``   as ``wait``; the new code is SIGKILLed as it receives the signal
+                  (marked received, its payload not journaled yet)
 
 The new code runs the run to its end and prints the final state as JSON. The
 newer code renames it again: ``approved`` with ``renamed_from=("approve",
@@ -46,7 +48,11 @@ def append(path: Path, line: str) -> None:
 
 
 def desk(store: str, code: str, scene: str, ledger: Path) -> ds.Workflow:
-    wf = ds.Workflow("desk", store=store)
+    def on_event(event: ds.Event) -> None:
+        if code == "new" and scene == "signal-kill" and event.kind == "signal_received":
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    wf = ds.Workflow("desk", store=store, on_event=[on_event])
     old = code in ("old", "back")  # the old names
     first = code == "old"  # the first run, which stops where --scene says
 
@@ -74,7 +80,7 @@ def desk(store: str, code: str, scene: str, ledger: Path) -> ds.Workflow:
                 os.kill(os.getpid(), signal.SIGKILL)
         if first and scene == "fail":
             raise ValueError("the refunds API is down")
-        if scene == "wait":
+        if scene in ("wait", "signal-kill"):
             state["go"] = ctx.wait_for("go")
         state["refund"] = ctx.effect("refund", refund)
         if first and scene == "kill-inside":

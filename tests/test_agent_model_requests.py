@@ -36,7 +36,7 @@ from openai.types.responses import (
     ResponseOutputMessage,
     ResponseOutputText,
 )
-from pydantic_ai import Agent, ModelResponse, RetryModelRequest, RunContext
+from pydantic_ai import Agent, ModelResponse, ModelRetry, RetryModelRequest, RunContext
 from pydantic_ai.capabilities import AbstractCapability, ModelFallback, SelectModel
 from pydantic_ai.exceptions import ModelOverloadedError
 from pydantic_ai.messages import ModelMessage, TextPart, ToolCallPart
@@ -244,4 +244,70 @@ def test_pydantic_ai_a_fallback_model_is_recorded_whole(tmp_path: Any) -> None:
     asyncio.run(wf.arun("r1", {}))
     assert outputs == ["refunded", "refunded"]
     assert asked.count("backup") == 2  # the two requests, once each
+    assert len(keys) == 1
+
+
+class Recover(AbstractCapability[None]):
+    """Answers a refused request itself (``answer``) or asks the model again (``retry``):
+    no new try of that request, so the next request is a new one."""
+
+    def __init__(self, how: str) -> None:
+        self.how = how
+
+    async def on_model_request_error(
+        self, ctx: Any, *, request_context: Any, error: Exception
+    ) -> Any:
+        if not isinstance(error, ModelOverloadedError):
+            raise error
+        if self.how == "answer":
+            return ModelResponse(parts=[ToolCallPart("lookup", {}, tool_call_id="c0")])
+        raise ModelRetry("shorter, please")
+
+
+@pytest.mark.parametrize("how", ["answer", "retry"])
+def test_pydantic_ai_a_failure_a_hook_answered_is_no_retry_and_replays_as_it_ran(
+    tmp_path: Any, how: str
+) -> None:
+    """The first request always fails and a hook answers it: the request after is a new
+    request (model:2), not a retry of the failed one, and the replay gives what the
+    attempt that ran gave: the same messages, the refund once."""
+
+    def model(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        if len(messages) == 1 and len(messages[0].parts) == 1:  # (told to retry: two)
+            raise ModelOverloadedError("function", "the prompt is too long")
+        asked = [p for m in messages for p in m.parts if isinstance(p, ToolCallPart)]
+        if not any(p.tool_name == "refund" for p in asked):
+            return ModelResponse(parts=[ToolCallPart("refund", {}, tool_call_id="r1")])
+        return ModelResponse(parts=[TextPart("done")])
+
+    agent = Agent(FunctionModel(model), capabilities=[Recover(how)])
+    keys: list[str] = []
+
+    @agent.tool_plain
+    def lookup() -> str:
+        return "found"
+
+    @agent.tool
+    def refund(run_ctx: RunContext[None]) -> str:
+        keys.append(pydantic_ai.idempotency_key(run_ctx))
+        return "ok"
+
+    durable = pydantic_ai.DurableAgent(agent, effects={"refund"})
+    seen: list[list[str]] = []
+    wf = ds.Workflow("recovered", store=ds.LocalStore(tmp_path))
+
+    @wf.step(retry=RETRY)
+    async def turn(state: dict[str, Any], ctx: ds.Context) -> None:
+        result = await durable.run("go", ctx=ctx)
+        seen.append([p.part_kind for m in result.all_messages() for p in m.parts])
+        if ctx.attempt == 1:
+            raise RuntimeError("after the agent run: the retry replays it")
+
+    asyncio.run(wf.arun("r1", {}))
+    assert seen[0] == seen[1]
+    assert seen[0][:3] == (
+        ["user-prompt", "retry-feedback", "tool-call"]
+        if how == "retry"
+        else ["user-prompt", "tool-call", "tool-return"]
+    )
     assert len(keys) == 1

@@ -18,8 +18,10 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import signal
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -29,7 +31,8 @@ from tests.pydaiscenes import build, outcome
 
 pytestmark = pytest.mark.pydantic_ai
 
-_forks = ForkServer(Path(__file__).with_name("pydaiscenes.py"))
+SCENES = Path(__file__).with_name("pydaiscenes.py")
+_forks = ForkServer(SCENES)
 
 
 def child(tmp: Path, scene: str, *, crash: bool) -> subprocess.CompletedProcess[str]:
@@ -64,3 +67,30 @@ def test_a_killed_scene_resumes_to_the_plain_outcome(tmp_path: Path, scene: str)
     if scene == "overload":  # refused, retried, answered: the failed try counts nothing
         assert plain_calls["model"] == 3
         assert plain["usage"]["requests"] == 2
+
+
+def test_a_typed_result_recorded_in_another_process_replays_typed(tmp_path: Path) -> None:
+    """A model with a set field, recorded by a process with one hash seed and replayed by
+    one with another (its set dumps in another order): it comes back as the model class,
+    as in the plain run, not as the dict it was recorded as."""
+    agent, _, _ = build("tags")
+    plain = asyncio.run(outcome(agent, "tags"))
+    assert plain["output"] == "done: ['Tagged']"
+    args = [sys.executable, str(SCENES), "--store", str(tmp_path / "store"), "--run", "r1"]
+    runs = []
+    for seed, crash in (("1", ["--crash"]), ("2", [])):
+        runs.append(
+            subprocess.run(
+                [*args, "--scene", "tags", *crash],
+                check=False,
+                env={**os.environ, "PYTHONHASHSEED": seed},
+                capture_output=True,
+                text=True,
+                cwd=tmp_path,
+                timeout=120,
+            )
+        )
+    killed, done = runs
+    assert killed.returncode == -signal.SIGKILL, killed.stderr
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["outcome"]["output"] == plain["output"]

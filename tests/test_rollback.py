@@ -136,3 +136,21 @@ def test_a_journal_the_new_code_wrote_to_rolls_back(tmp_path: Path) -> None:
     assert lines.count("draft") == 1, lines
     assert lines.count("second") == 1, lines
     assert sum(line.startswith("refund ") for line in lines) == 1
+
+
+def test_a_signal_the_new_code_was_killed_receiving_rolls_back(tmp_path: Path) -> None:
+    """Old code suspended in 'approval' for signal 'go'; new code ('approve') receives it
+    and is killed before recording it (the signal is marked received, and by which
+    step); the old code redeployed finds it received by its own step and finishes."""
+    target = StoreTarget("local", str(tmp_path / "store"))
+    ledger = tmp_path / "ledger"
+    old = child(target, "old", "signal-kill", ledger)
+    assert json.loads(old.stdout) == {"stopped": "RunSuspended"}, old.stderr
+    assert ds.Workflow("desk", store=target.open()).signal("t1", "go", "approved")
+    assert child(target, "new", "signal-kill", ledger).returncode == -signal.SIGKILL
+    sent = json.loads(target.open().get("desk/t1/signals/go")[0])  # type: ignore[index]
+    assert sent["consumed"] == ["approval", 0]  # the name the run's head keeps
+    back = child(target, "back", "signal-kill", ledger)
+    assert back.returncode == 0, back.stderr
+    final = json.loads(back.stdout)
+    assert (final["go"], final["filed"]) == ("approved", True)

@@ -60,10 +60,18 @@ def test_a_long_id_is_shortened_the_same_way_every_time_and_kept_apart() -> None
     assert names == [tool_call_name("agent2:", i) for i in IDS]  # stable across calls
     assert names[0] != names[1]
     assert all(n.startswith("agent2:tool:call_xxx") and len(n) < MAX_NAME - 16 for n in names)
-    # the longest name that is kept whole, and the shortest that is not
-    kept = "c" * (MAX_NAME - 24 - len("tool:"))
+    # The longest name that fits is kept whole (an earlier version recorded it so: a
+    # run in progress must find its records), and one more character is shortened.
+    kept = "c" * (MAX_NAME - len("tool:"))
     assert tool_call_name("", kept) == f"tool:{kept}"
-    assert tool_call_name("", kept + "c") != f"tool:{kept}c"
+    longer = tool_call_name("", kept + "c")
+    assert len(longer) < MAX_NAME
+    assert longer.startswith("tool:cccc")
+    # A suffix for a reused id stays at the end, and the whole still fits.
+    again = tool_call_name("", kept, "@2")
+    assert again.endswith("@2")
+    assert len(again) <= MAX_NAME
+    assert again != tool_call_name("", kept + "c", "@2")
 
 
 def test_pydantic_ai_long_tool_call_ids_are_recorded_replayed_and_fired_once(

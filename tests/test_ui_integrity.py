@@ -108,6 +108,13 @@ def test_a_signed_head_stripped_of_its_signature_is_refused_with_or_without_the_
     assert (row.run_id, row.status) == ("r", "corrupt")
     assert _listing.list_runs(store).counts.get("failed") is None
     assert [r.status for r in _listing.list_runs(store, query="signed/r").rows] == ["corrupt"]
+    # A "sig" that is no tag, or not the line's last field, is no signature either.
+    stripped = ckpt.encode(forged_failure(store), payload)
+    line, rest = stripped.split(b"\n", 1)
+    for bad in (line[:-1] + b',"sig":"forged"}', b'{"sig":"' + b"a" * 64 + b'",' + line[1:]):
+        put_over(store, bad + b"\n" + rest)
+        assert [r.status for r in _listing.list_runs(store).rows] == ["corrupt"], bad
+    put_over(store, stripped)
     monkeypatch.setenv(SIGNING_KEY_ENV, SECRET)
     with pytest.raises(ds.CorruptCheckpoint, match="not signed"):
         _detail.run_page(store, "signed", "r")

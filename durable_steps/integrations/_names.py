@@ -25,8 +25,8 @@ Tool calls
     whole id: still the same on every re-run, still different for every
     other id, and still recognisable where a name is shown (a title beside
     it says which tool and which arguments). Names made by earlier versions
-    are unaffected: an id short enough was never shortened, and a longer one
-    could not be recorded at all.
+    are unaffected: a name that fits is never shortened, and one that does
+    not could not be recorded at all.
 """
 
 from __future__ import annotations
@@ -38,11 +38,9 @@ from .._journal import MAX_NAME
 
 __all__ = ["MAX_TRIES", "response_name", "tool_call_name"]
 
-MAX_TRIES = 64
-"""Tries of one response a re-run looks for (far beyond any retry policy's)."""
+MAX_TRIES = 100
+"""Tries of one response a re-run looks for (pydantic-ai stops a request at 100)."""
 
-_ROOM = 24
-"""Characters left for what a caller appends (``@2`` for a reused id)."""
 _KEPT = 40
 """Leading characters of a long id kept in its shortened form."""
 
@@ -62,10 +60,12 @@ def response_name(prefix: str, number: int, tries: int, recorded: Callable[[str]
     return base
 
 
-def tool_call_name(prefix: str, call_id: str) -> str:
-    """``<prefix>tool:<call_id>``, with ``call_id`` shortened when the name would be too long."""
-    name = f"{prefix}tool:{call_id}"
-    if len(name) <= MAX_NAME - _ROOM:
+def tool_call_name(prefix: str, call_id: str, suffix: str = "") -> str:
+    """``<prefix>tool:<call_id><suffix>``, ``call_id`` shortened only when the whole
+    would be longer than a journal name may be (``suffix``: ``@2`` for a reused id).
+    """
+    name = f"{prefix}tool:{call_id}{suffix}"
+    if len(name) <= MAX_NAME:
         return name
     digest = hashlib.blake2b(call_id.encode("utf-8", "surrogatepass"), digest_size=12)
-    return f"{prefix}tool:{call_id[:_KEPT]}~{digest.hexdigest()}"
+    return f"{prefix}tool:{call_id[:_KEPT]}~{digest.hexdigest()}{suffix}"

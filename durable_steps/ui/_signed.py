@@ -27,6 +27,7 @@ writes one.
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -38,6 +39,7 @@ from ..serializers import SIGNING_KEY_ENV, JSONSerializer, SignedSerializer
 __all__ = ["Signature", "check", "unsealed_claim"]
 
 _SIGNED = "+hmac-sha256"
+_TAG = re.compile(r"[0-9a-f]{64}")
 
 
 @dataclass(frozen=True)
@@ -54,12 +56,18 @@ class Signature:
 
 
 def unsealed_claim(raw: Mapping[str, Any]) -> bool:
-    """Whether a head's raw header says it is signed and carries no signature:
-    what the runs list marks corrupt (it reads raw headers, not the bytes
-    :func:`check` looks at; the run page then says why).
+    """Whether a head's raw header says it is signed and carries no signature: what
+    the runs list marks corrupt. The list reads raw headers, not bytes, so this is
+    :func:`~durable_steps._record.checkpoint.sealed` on the parsed line: a tag is
+    64 hex digits in the line's last field, ``sig`` (the run page checks the bytes
+    and, with the key, the tag itself).
     """
     serializer = raw.get("serializer")
-    return isinstance(serializer, str) and serializer.endswith(_SIGNED) and "sig" not in raw
+    if not (isinstance(serializer, str) and serializer.endswith(_SIGNED)):
+        return False
+    tag, keys = raw.get("sig"), list(raw)
+    sealed = keys[-1:] == ["sig"] and isinstance(tag, str) and _TAG.fullmatch(tag) is not None
+    return not sealed
 
 
 def check(header: ckpt.Checkpoint, data: bytes) -> Signature:

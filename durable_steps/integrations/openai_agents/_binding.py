@@ -56,11 +56,11 @@ class Binding:
         """``tool:<call id>`` (a long id shortened, see ``integrations._names``); a
         model that reuses an id gets ``@2``, ``@3``...
         """
-        name = base = tool_call_name(self.prefix, call_id)
+        name = tool_call_name(self.prefix, call_id)
         count = 1
         while name in self.tools:
             count += 1
-            name = f"{base}@{count}"
+            name = tool_call_name(self.prefix, call_id, f"@{count}")
         self.tools.add(name)
         return name
 

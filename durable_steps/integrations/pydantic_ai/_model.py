@@ -79,7 +79,7 @@ class JournaledModel(WrapperModel):
             )
             return dump_response(response)
 
-        return load_response(await self._recorded(bound, live))
+        return load_response(await self._recorded(bound, messages, live))
 
     @asynccontextmanager
     async def request_stream(
@@ -108,7 +108,7 @@ class JournaledModel(WrapperModel):
                 "events": _EVENTS.dump_python(events, mode="json"),
             }
 
-        recorded = await self._recorded(bound, live)
+        recorded = await self._recorded(bound, messages, live)
         if isinstance(recorded, dict) and recorded.keys() == {"response", "events"}:
             response = load_response(recorded["response"])
             replay: bool | list[ModelResponseStreamEvent] = _EVENTS.validate_python(
@@ -120,17 +120,17 @@ class JournaledModel(WrapperModel):
             response, model_request_parameters=model_request_parameters, replay_events=replay
         )
 
-    async def _recorded(self, bound: Binding, live: Callable[[], Awaitable[Any]]) -> Any:
-        """The next response as recorded (``live()`` made and recorded, or replayed).
-        A failed try records nothing, and its retry gets a name of its own
+    async def _recorded(
+        self, bound: Binding, messages: list[ModelMessage], live: Callable[[], Awaitable[Any]]
+    ) -> Any:
+        """The response to ``messages`` as recorded (``live()`` made and recorded, or
+        replayed). A failed try records nothing, and its retry gets a name of its own
         (see ``integrations._names``, "Model responses").
         """
-        number = bound.requests + 1
-        title = f"model request {number} ({self.wrapped.model_name})"
+        name = bound.request_name(messages)
+        title = f"model request {bound.requests} ({self.wrapped.model_name})"
         try:
-            recorded = await bound.ctx._acall(bound.response_name(), live, (), {}, title=title)
+            return await bound.ctx._acall(name, live, (), {}, title=title)
         except Exception:
-            bound.tries += 1
+            bound.request_failed(messages)
             raise
-        bound.requests, bound.tries = number, 0
-        return recorded

@@ -87,20 +87,35 @@ class Binding:
     outer: dict[ContextVar[Any], Any] = field(default_factory=dict)
     """The agent's ``override`` variables as they were outside this run."""
     requests: int = 0
-    """Model responses recorded so far: the next one is ``model:<requests + 1>``."""
+    """Model requests made so far (a retried one counted once): ``model:<requests>``."""
     tries: int = 0
-    """Failed tries of the next response in this attempt (a retried model request)."""
+    """Failed tries of the last request in this attempt."""
+    failed: tuple[int, Any] | None = None
+    """The messages of the last request, when its try failed: their count and the last."""
     tools: set[str] = field(default_factory=set)
 
-    def response_name(self) -> str:
-        """The next model request's name (``model:3``; ``model:3.2`` for a retry)."""
-        return response_name(self.prefix, self.requests + 1, self.tries, self.ctx._recorded)
+    def request_name(self, messages: list[Any]) -> str:
+        """The name of a model request for ``messages`` (``model:3``; ``model:3.2`` for
+        a retry). A retry asks with the messages the failed try had; a request with
+        other ones is a new request (the failure was answered another way: a hook
+        returned a response, or told the model to retry).
+        """
+        if self.failed is not None and self.failed == (len(messages), messages[-1:]):
+            self.tries += 1
+        else:
+            self.requests, self.tries = self.requests + 1, 0
+        self.failed = None
+        return response_name(self.prefix, self.requests, self.tries, self.ctx._recorded)
+
+    def request_failed(self, messages: list[Any]) -> None:
+        """The try just named failed; a request with the same ``messages`` is its retry."""
+        self.failed = (len(messages), messages[-1:])
 
     def tool_name(self, run_ctx: RunContext[Any]) -> str:
         call_id = run_ctx.tool_call_id or run_ctx.tool_name or "?"
         name = tool_call_name(self.prefix, call_id)  # (a long id shortened)
         if name in self.tools:  # a model that reuses ids across responses (TestModel does)
-            name = f"{name}@{run_ctx.run_step}"
+            name = tool_call_name(self.prefix, call_id, f"@{run_ctx.run_step}")
         self.tools.add(name)
         return name
 
@@ -274,11 +289,32 @@ def load_result(recorded: Any, ctx: RunContext[Any], tool: ToolsetTool[Any], nam
                 # Only if nothing was lost or changed on the way: the model must see what
                 # the tool returned (a subclass the annotation does not name keeps its
                 # fields, "007" stays a string under -> dict[str, int], 1 is not 1.0).
-                if to_json(_dump_content(rebuilt)) == to_json(value):
+                if _same_json(_dump_content(rebuilt), value):
                     return rebuilt
             except (ValidationError, PydanticSerializationError, TypeError, ValueError):
                 continue  # recorded by another version of the tool: try the next
     return _load_content(value)
+
+
+def _same_json(a: Any, b: Any) -> bool:
+    """Whether ``a`` and ``b`` are the same JSON text, but for the order of arrays: a
+    set is dumped in hash order, which differs from process to process (validation
+    never reorders a list, so an array in another order is a set's).
+    """
+    return to_json(a) == to_json(b) or _unordered(a) == _unordered(b)
+
+
+def _unordered(value: Any) -> bytes:
+    """``value``'s JSON with every array's items in one order (by their own JSON)."""
+
+    def canonical(v: Any) -> Any:
+        if isinstance(v, list):
+            return sorted((canonical(x) for x in v), key=to_json)
+        if isinstance(v, dict):
+            return {k: canonical(x) for k, x in v.items()}
+        return v
+
+    return to_json(canonical(value))
 
 
 @lru_cache(maxsize=256)
