@@ -18,7 +18,6 @@ a ``FallbackModel`` as the agent's model is recorded whole.
 from __future__ import annotations
 
 import asyncio
-import json
 from typing import Any
 
 import pytest
@@ -28,15 +27,10 @@ pytest.importorskip("agents")
 
 from agents import Agent as SDKAgent
 from agents import ModelResponse as SDKResponse
-from agents import ModelSettings, RunContextWrapper, Usage, function_tool, set_tracing_disabled
+from agents import ModelSettings, RunContextWrapper, function_tool, set_tracing_disabled
 from agents.models.interface import Model as SDKModel
 from agents.retry import ModelRetrySettings
-from openai.types.responses import (
-    ResponseFunctionToolCall,
-    ResponseOutputMessage,
-    ResponseOutputText,
-)
-from pydantic_ai import Agent, ModelResponse, ModelRetry, RetryModelRequest, RunContext
+from pydantic_ai import Agent, ModelResponse, ModelRetry, RunContext
 from pydantic_ai.capabilities import AbstractCapability, ModelFallback, SelectModel
 from pydantic_ai.exceptions import ModelOverloadedError
 from pydantic_ai.messages import ModelMessage, TextPart, ToolCallPart
@@ -46,6 +40,8 @@ from pydantic_ai.models.function import AgentInfo, FunctionModel
 import durable_steps as ds
 from durable_steps.integrations import openai_agents, pydantic_ai
 from durable_steps.integrations._names import response_name
+from tests.pydaiscenes import RetryOnOverload
+from tests.sdkscript import message, response, told, tool_call
 
 pytestmark = [pytest.mark.pydantic_ai, pytest.mark.openai_agents]
 set_tracing_disabled(True)  # no trace export to OpenAI from a test
@@ -60,15 +56,16 @@ def test_the_first_try_of_a_response_takes_the_name_of_the_try_recorded() -> Non
     assert response_name("agent2:", 3, 0, recorded) == "agent2:model:3.4"  # replayed
 
 
-class RetryOnOverload(AbstractCapability[None]):
-    """pydantic-ai's documented pattern: retry a request the provider refused."""
+def refunding(agent: Agent[None, str]) -> tuple[pydantic_ai.DurableAgent, list[str]]:
+    """``agent`` with an effect tool ``refund``, wrapped; the keys it fired under."""
+    keys: list[str] = []
 
-    async def on_model_request_error(
-        self, ctx: Any, *, request_context: Any, error: Exception
-    ) -> Any:
-        if isinstance(error, ModelOverloadedError):
-            raise RetryModelRequest()
-        raise error
+    @agent.tool
+    def refund(run_ctx: RunContext[None], cents: int = 0) -> str:
+        keys.append(pydantic_ai.idempotency_key(run_ctx))
+        return "ok"
+
+    return pydantic_ai.DurableAgent(agent, effects={"refund"}), keys
 
 
 def test_pydantic_ai_a_retried_request_replays_and_fires_its_effect_once(
@@ -85,14 +82,7 @@ def test_pydantic_ai_a_retried_request_replays_and_fires_its_effect_once(
         return ModelResponse(parts=[TextPart("refunded")])
 
     agent = Agent(FunctionModel(model), capabilities=[RetryOnOverload()])
-    keys: list[str] = []
-
-    @agent.tool
-    def refund(run_ctx: RunContext[None], cents: int) -> str:
-        keys.append(pydantic_ai.idempotency_key(run_ctx))
-        return "ok"
-
-    durable = pydantic_ai.DurableAgent(agent, effects={"refund"})
+    durable, keys = refunding(agent)
     seen: list[tuple[str, int, int, int]] = []
     wf = ds.Workflow("retried", store=ds.LocalStore(tmp_path))
 
@@ -125,35 +115,9 @@ def test_openai_agents_an_sdk_retried_response_replays_and_fires_its_effect_once
             Flaky.calls += 1
             if Flaky.calls == 1:
                 raise ConnectionError("connection reset by the provider")
-            items = input if isinstance(input, list) else []
-            told = any(
-                isinstance(i, dict) and i.get("type") == "function_call_output" for i in items
-            )
-            output: list[Any]
-            if not told:
-                output = [
-                    ResponseFunctionToolCall(
-                        type="function_call",
-                        name="refund",
-                        arguments=json.dumps({"cents": 500}),
-                        call_id=f"call_{Flaky.calls}",  # a fresh answer would carry a new id
-                        id="fc_1",
-                        status="completed",
-                    )
-                ]
-            else:
-                text = ResponseOutputText(type="output_text", text="refunded", annotations=[])
-                output = [
-                    ResponseOutputMessage(
-                        id="msg_1",
-                        type="message",
-                        role="assistant",
-                        status="completed",
-                        content=[text],
-                    )
-                ]
-            usage = Usage(requests=1, input_tokens=10, output_tokens=5, total_tokens=15)
-            return SDKResponse(output=output, usage=usage, response_id=None)
+            if not told(input):  # a fresh answer would carry a new call id
+                return response([tool_call("refund", {"cents": 500}, f"call_{Flaky.calls}")])
+            return response([message("refunded")])
 
         def stream_response(self, *args: Any, **kwargs: Any) -> Any:
             raise NotImplementedError
@@ -224,14 +188,7 @@ def test_pydantic_ai_a_fallback_model_is_recorded_whole(tmp_path: Any) -> None:
         return ModelResponse(parts=[TextPart("refunded")])
 
     agent = Agent(FallbackModel(FunctionModel(primary), FunctionModel(backup)))
-    keys: list[str] = []
-
-    @agent.tool
-    def refund(run_ctx: RunContext[None], cents: int) -> str:
-        keys.append(pydantic_ai.idempotency_key(run_ctx))
-        return "ok"
-
-    durable = pydantic_ai.DurableAgent(agent, effects={"refund"})
+    durable, keys = refunding(agent)
     outputs: list[str] = []
     wf = ds.Workflow("fallback", store=ds.LocalStore(tmp_path))
 
@@ -281,18 +238,12 @@ def test_pydantic_ai_a_failure_a_hook_answered_is_no_retry_and_replays_as_it_ran
         return ModelResponse(parts=[TextPart("done")])
 
     agent = Agent(FunctionModel(model), capabilities=[Recover(how)])
-    keys: list[str] = []
 
     @agent.tool_plain
     def lookup() -> str:
         return "found"
 
-    @agent.tool
-    def refund(run_ctx: RunContext[None]) -> str:
-        keys.append(pydantic_ai.idempotency_key(run_ctx))
-        return "ok"
-
-    durable = pydantic_ai.DurableAgent(agent, effects={"refund"})
+    durable, keys = refunding(agent)
     seen: list[list[str]] = []
     wf = ds.Workflow("recovered", store=ds.LocalStore(tmp_path))
 

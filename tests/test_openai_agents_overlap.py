@@ -9,7 +9,6 @@ found by their names. A scripted ``Model`` answers in process.
 from __future__ import annotations
 
 import asyncio
-import json
 from pathlib import Path
 from typing import Any
 
@@ -21,32 +20,17 @@ from agents import (
     Agent,
     ModelResponse,
     RunContextWrapper,
-    Usage,
     function_tool,
     set_tracing_disabled,
 )
 from agents.models.interface import Model
-from openai.types.responses import (
-    ResponseFunctionToolCall,
-    ResponseOutputMessage,
-    ResponseOutputText,
-)
 
 import durable_steps as ds
 from durable_steps.integrations.openai_agents import DurableRunner, idempotency_key
+from tests.sdkscript import message, response, told, tool_call
 
 pytestmark = pytest.mark.openai_agents
 set_tracing_disabled(True)  # no export to OpenAI
-
-
-def message(text: str) -> ResponseOutputMessage:
-    return ResponseOutputMessage(
-        id="msg_1",
-        type="message",
-        role="assistant",
-        status="completed",
-        content=[ResponseOutputText(type="output_text", text=text, annotations=[])],
-    )
 
 
 class Answers(Model):
@@ -60,24 +44,9 @@ class Answers(Model):
     ) -> ModelResponse:
         self.calls += 1
         await asyncio.sleep(self.delay)
-        told = any(
-            isinstance(i, dict) and i.get("type") == "function_call_output"
-            for i in (input if isinstance(input, list) else [])
-        )
-        if self.tool and not told:
-            call = ResponseFunctionToolCall(
-                type="function_call",
-                name=self.tool,
-                arguments=json.dumps({}),
-                call_id="call_1",
-                id="fc_1",
-                status="completed",
-            )
-            output: list[Any] = [call]
-        else:
-            output = [message(f"{self.label}-answer")]
-        usage = Usage(requests=1, input_tokens=10, output_tokens=5, total_tokens=15)
-        return ModelResponse(output=output, usage=usage, response_id=None)
+        if self.tool and not told(input):
+            return response([tool_call(self.tool, {}, "call_1")])
+        return response([message(f"{self.label}-answer")])
 
     def stream_response(self, *args: Any, **kwargs: Any) -> Any:
         raise NotImplementedError

@@ -11,7 +11,6 @@ step's retry, and fired once as an effect under one key.
 from __future__ import annotations
 
 import asyncio
-import json
 from pathlib import Path
 from typing import Any
 
@@ -22,13 +21,8 @@ pytest.importorskip("agents")
 
 from agents import Agent as SDKAgent
 from agents import ModelResponse as SDKResponse
-from agents import RunContextWrapper, Usage, function_tool, set_tracing_disabled
+from agents import RunContextWrapper, function_tool, set_tracing_disabled
 from agents.models.interface import Model as SDKModel
-from openai.types.responses import (
-    ResponseFunctionToolCall,
-    ResponseOutputMessage,
-    ResponseOutputText,
-)
 from pydantic_ai import Agent, RunContext
 from pydantic_ai.messages import (
     ModelMessage,
@@ -44,6 +38,7 @@ import durable_steps as ds
 from durable_steps._journal import MAX_NAME
 from durable_steps.integrations import openai_agents, pydantic_ai
 from durable_steps.integrations._names import tool_call_name
+from tests.sdkscript import message, response, told, tool_call
 
 HEAD = "call_" + "x" * 495
 """Two ids sharing their first 500 characters: only a digest of the whole tells them apart."""
@@ -133,38 +128,11 @@ def test_openai_agents_long_call_ids_are_recorded_replayed_and_fired_once(
             self, system_instructions: Any, input: Any, *args: Any, **kwargs: Any
         ) -> SDKResponse:
             TwoRefunds.calls += 1
-            items = input if isinstance(input, list) else []
-            told = sorted(
-                str(i["output"])
-                for i in items
-                if isinstance(i, dict) and i.get("type") == "function_call_output"
-            )
-            output: list[Any]
-            if not told:
-                output = [
-                    ResponseFunctionToolCall(
-                        type="function_call",
-                        name="refund",
-                        arguments=json.dumps({"order": n}),
-                        call_id=i,
-                        id=f"fc_{n}",
-                        status="completed",
-                    )
-                    for n, i in enumerate(IDS)
-                ]
-            else:
-                text = ResponseOutputText(type="output_text", text=" / ".join(told), annotations=[])
-                output = [
-                    ResponseOutputMessage(
-                        id="msg_1",
-                        type="message",
-                        role="assistant",
-                        status="completed",
-                        content=[text],
-                    )
-                ]
-            usage = Usage(requests=1, input_tokens=10, output_tokens=5, total_tokens=15)
-            return SDKResponse(output=output, usage=usage, response_id=None)
+            results = told(input)
+            if not results:
+                calls = [tool_call("refund", {"order": n}, i, n) for n, i in enumerate(IDS)]
+                return response(calls)
+            return response([message(" / ".join(results))])
 
         def stream_response(self, *args: Any, **kwargs: Any) -> Any:
             raise NotImplementedError
