@@ -278,12 +278,13 @@ class DurableAgent:
 
 
 def _model_choosers() -> tuple[type[Any], ...]:
-    """pydantic-ai's capabilities that pick the model of a request (none before 2.6x)."""
-    try:
-        from pydantic_ai.capabilities import ModelFallback, SelectModel
-    except ImportError:  # an older pydantic-ai: nothing to refuse
-        return ()
-    return (ModelFallback, SelectModel)
+    """pydantic-ai's capabilities that pick the model of a request, as far as this
+    release has them (2.54 has ``SelectModel`` and not ``ModelFallback``).
+    """
+    import pydantic_ai.capabilities as capabilities
+
+    kinds = (getattr(capabilities, n, None) for n in ("ModelFallback", "SelectModel"))
+    return tuple(k for k in kinds if isinstance(k, type))
 
 
 def _refuse_model_choosers(capability: Any, who: str, ctx: Context | None = None) -> None:
