@@ -132,17 +132,17 @@ non-idempotent step.
 from __future__ import annotations
 
 import hashlib
-import hmac
 import json
 import re
 import secrets
 import time
 import zlib
 from dataclasses import dataclass, field, fields
-from typing import Any, Literal, Protocol
+from typing import Any, Literal
 
 from ..errors import CorruptCheckpoint, DefinitionError
 from .checks import field_problem, format_problem, is_int, parts_problem, show
+from .sealing import Signer, unseal
 
 __all__ = [
     "FORMAT",
@@ -311,14 +311,6 @@ class Checkpoint:
         )
 
 
-class Signer(Protocol):
-    """What signs a checkpoint (:class:`~durable_steps.SignedSerializer` does)."""
-
-    def seal(self, header: bytes, payload: bytes) -> str:
-        """The hex tag that binds the header line ``header`` to ``payload``."""
-        ...
-
-
 def encode(header: Checkpoint, payload: bytes, signer: Signer | None = None) -> bytes:
     """Serialize ``header`` and ``payload`` into the stored bytes.
 
@@ -341,54 +333,6 @@ def encode(header: Checkpoint, payload: bytes, signer: Signer | None = None) -> 
     if signer is not None:
         line = b'%s,"sig":"%s"}' % (line[:-1], signer.seal(line, payload).encode())
     return line + b"\n" + payload
-
-
-_SIG_TAIL = re.compile(rb',"sig":"([0-9a-f]{64})"\}\Z')
-
-
-def _seal_of(line: bytes) -> re.Match[bytes] | None:
-    """The ``sig`` field ending a header ``line``, if any (the tag is the line's
-    last field: only its end is looked at).
-    """
-    return _SIG_TAIL.search(line, max(len(line) - 80, 0))
-
-
-def sealed(data: bytes) -> bool:
-    """Whether the stored head ``data`` carries a signature (not whether it verifies)."""
-    newline = data.find(b"\n")
-    return _seal_of(data[:newline] if newline >= 0 else data) is not None
-
-
-def _unseal(data: bytes, signer: Signer | None, where: str, run: str | None) -> None:
-    """Check a signed checkpoint's tag before anything in it is trusted.
-
-    Guarantee 10: with a signing key, the header (status, cursor, nonce,
-    intent, owner) is authenticated together with the payload, and the run
-    it names is checked against the key it was read from by the caller, so
-    an edited header or a payload moved from another run is refused unread.
-    """
-    if signer is None:
-        return
-    newline = data.find(b"\n")
-    line = data[:newline] if newline >= 0 else data
-    found = _seal_of(line)
-    if found is None:
-        raise CorruptCheckpoint(
-            f"{where} is not signed, but a signing key is set, so it is refused unread: "
-            "anyone who can write the store could have written it (or it was signed by "
-            "durable_steps 0.1, whose signature covered the state only). Resume it without "
-            "the key only if you trust every writer of the store; it was left untouched.",
-            run=run,
-        )
-    body = line[: found.start()] + b"}"
-    payload = data[newline + 1 :] if newline >= 0 else b""
-    if not hmac.compare_digest(found.group(1).decode(), signer.seal(body, payload)):
-        raise CorruptCheckpoint(
-            f"{where}: its signature does not verify: the checkpoint was changed by someone "
-            "without the signing key (or signed with another key, or moved from another "
-            "run). It was refused unread and left untouched.",
-            run=run,
-        )
 
 
 # One encoder for every header: json.dumps() with options builds a new
@@ -464,7 +408,7 @@ def decode(
     else, for anything that is not a complete checkpoint of a format this
     version can read, or, with a ``signer``, that is not signed by its key.
     """
-    _unseal(data, signer, where, run)
+    unseal(data, signer, where, run)
     split = split_header(data)
     if split is None:
         raise CorruptCheckpoint(

@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .._record import checkpoint as ckpt
+from .._record.sealing import sealed as is_sealed
 from ..errors import CorruptCheckpoint
 from ..serializers import SIGNING_KEY_ENV, JSONSerializer, SignedSerializer
 
@@ -58,7 +59,7 @@ class Signature:
 def unsealed_claim(raw: Mapping[str, Any]) -> bool:
     """Whether a head's raw header says it is signed and carries no signature: what
     the runs list marks corrupt. The list reads raw headers, not bytes, so this is
-    :func:`~durable_steps._record.checkpoint.sealed` on the parsed line: a tag is
+    :func:`~durable_steps._record.sealing.sealed` on the parsed line: a tag is
     64 hex digits in the line's last field, ``sig`` (the run page checks the bytes
     and, with the key, the tag itself).
     """
@@ -75,7 +76,7 @@ def check(header: ckpt.Checkpoint, data: bytes) -> Signature:
     :class:`CorruptCheckpoint` for one that no workflow with the key wrote.
     """
     where = f"run {header.run}: checkpoint {ckpt.checkpoint_key(header.workflow, header.run_id)!r}"
-    claims, sealed = header.serializer.endswith(_SIGNED), ckpt.sealed(data)
+    claims, sealed = header.serializer.endswith(_SIGNED), is_sealed(data)
     if claims and not sealed:
         raise CorruptCheckpoint(
             f"{where} says it is signed ({header.serializer}) but carries no signature. A "

@@ -281,7 +281,7 @@ def _model_choosers() -> tuple[type[Any], ...]:
     """pydantic-ai's capabilities that pick the model of a request, as far as this
     release has them (2.54 has ``SelectModel`` and not ``ModelFallback``).
     """
-    import pydantic_ai.capabilities as capabilities
+    from pydantic_ai import capabilities
 
     kinds = (getattr(capabilities, n, None) for n in ("ModelFallback", "SelectModel"))
     return tuple(k for k in kinds if isinstance(k, type))
