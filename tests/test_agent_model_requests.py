@@ -43,13 +43,13 @@ from durable_steps.integrations import openai_agents, pydantic_ai
 from durable_steps.integrations._names import response_name
 from tests.pydaiscenes import RETRIES, RetryOnOverload
 from tests.sdkscript import message, response, told, tool_call
+from tests.test_pydantic_ai_parity import retried
 
 pytestmark = [pytest.mark.pydantic_ai, pytest.mark.openai_agents]
 NEEDS_RETRIES = pytest.mark.skipif(not RETRIES, reason="a pydantic-ai without RetryModelRequest")
 if RETRIES:
     from pydantic_ai.exceptions import ModelOverloadedError
 set_tracing_disabled(True)  # no trace export to OpenAI from a test
-RETRY = ds.Retry(attempts=2, wait=0, on=RuntimeError)
 
 
 def test_the_first_try_of_a_response_takes_the_name_of_the_try_recorded() -> None:
@@ -88,18 +88,13 @@ def test_pydantic_ai_a_retried_request_replays_and_fires_its_effect_once(
 
     agent = Agent(FunctionModel(model), capabilities=[RetryOnOverload()])
     durable, keys = refunding(agent)
-    seen: list[tuple[str, int, int, int]] = []
-    wf = ds.Workflow("retried", store=ds.LocalStore(tmp_path))
 
-    @wf.step(retry=RETRY)
-    async def turn(state: dict[str, Any], ctx: ds.Context) -> None:
+    async def run(ctx: ds.Context) -> tuple[str, int, int, int]:
         result = await durable.run("refund order 1", ctx=ctx)
         usage = result.usage
-        seen.append((result.output, usage.requests, usage.tool_calls, len(result.all_messages())))
-        if ctx.attempt == 1:
-            raise RuntimeError("after the agent run: the retry replays it")
+        return (result.output, usage.requests, usage.tool_calls, len(result.all_messages()))
 
-    asyncio.run(wf.arun("r1", {}))
+    seen = retried(tmp_path, run)
     plain = ("refunded", 2, 1, 4)  # what the plain agent gives (the failed try counts nothing)
     assert seen == [plain, plain]
     assert len(requests) == 3  # the failed try, its retry, the answer: none asked again
@@ -137,18 +132,11 @@ def test_openai_agents_an_sdk_retried_response_replays_and_fires_its_effect_once
     settings = ModelSettings(retry=ModelRetrySettings(max_retries=2, policy=lambda _: True))
     agent = SDKAgent(name="desk", model=Flaky(), tools=[refund], model_settings=settings)
     runner = openai_agents.DurableRunner(effects={"refund"})
-    outputs: list[str] = []
 
-    async def turn(state: dict[str, Any], ctx: ds.Context) -> None:
-        outputs.append(str((await runner.run(agent, "refund order 1", ctx=ctx)).final_output))
-        if ctx.attempt == 1:
-            raise RuntimeError("after the agent run: the retry replays it")
+    async def run(ctx: ds.Context) -> str:
+        return str((await runner.run(agent, "refund order 1", ctx=ctx)).final_output)
 
-    wf = ds.Workflow(
-        "retried", steps=[ds.step(turn, name="turn", retry=RETRY)], store=str(tmp_path)
-    )
-    asyncio.run(wf.arun("r1", {}))
-    assert outputs == ["refunded", "refunded"]
+    assert retried(tmp_path, run) == ["refunded", "refunded"]
     assert Flaky.calls == 3  # the failed try, its retry, the answer: none asked again
     assert len(keys) == 1
 
@@ -196,17 +184,11 @@ def test_pydantic_ai_a_fallback_model_is_recorded_whole(tmp_path: Any) -> None:
 
     agent = Agent(FallbackModel(FunctionModel(primary), FunctionModel(backup)))
     durable, keys = refunding(agent)
-    outputs: list[str] = []
-    wf = ds.Workflow("fallback", store=ds.LocalStore(tmp_path))
 
-    @wf.step(retry=RETRY)
-    async def turn(state: dict[str, Any], ctx: ds.Context) -> None:
-        outputs.append((await durable.run("refund", ctx=ctx)).output)
-        if ctx.attempt == 1:
-            raise RuntimeError("after the agent run: the retry replays it")
+    async def run(ctx: ds.Context) -> str:
+        return (await durable.run("refund", ctx=ctx)).output
 
-    asyncio.run(wf.arun("r1", {}))
-    assert outputs == ["refunded", "refunded"]
+    assert retried(tmp_path, run) == ["refunded", "refunded"]
     assert asked.count("backup") == 2  # the two requests, once each
     assert len(keys) == 1
 
@@ -251,17 +233,12 @@ def test_pydantic_ai_a_failure_a_hook_answered_is_no_retry_and_replays_as_it_ran
         return "found"
 
     durable, keys = refunding(agent)
-    seen: list[list[str]] = []
-    wf = ds.Workflow("recovered", store=ds.LocalStore(tmp_path))
 
-    @wf.step(retry=RETRY)
-    async def turn(state: dict[str, Any], ctx: ds.Context) -> None:
+    async def run(ctx: ds.Context) -> list[str]:
         result = await durable.run("go", ctx=ctx)
-        seen.append([p.part_kind for m in result.all_messages() for p in m.parts])
-        if ctx.attempt == 1:
-            raise RuntimeError("after the agent run: the retry replays it")
+        return [p.part_kind for m in result.all_messages() for p in m.parts]
 
-    asyncio.run(wf.arun("r1", {}))
+    seen = retried(tmp_path, run)
     assert seen[0] == seen[1]
     # told to retry (pydantic-ai 2.6x: a retry-feedback part; 2.54: a retry-prompt), or
     # answered by the hook with a lookup

@@ -10,7 +10,6 @@ step's retry, and fired once as an effect under one key.
 
 from __future__ import annotations
 
-import asyncio
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +38,7 @@ from durable_steps._journal import MAX_NAME
 from durable_steps.integrations import openai_agents, pydantic_ai
 from durable_steps.integrations._names import tool_call_name
 from tests.sdkscript import message, response, told, tool_call
+from tests.test_pydantic_ai_parity import retried
 
 HEAD = "call_" + "x" * 495
 """Two ids sharing their first 500 characters: only a digest of the whole tells them apart."""
@@ -146,18 +146,11 @@ def test_openai_agents_long_call_ids_are_recorded_replayed_and_fired_once(
 
     agent = SDKAgent(name="desk", model=TwoRefunds(), tools=[refund])
     runner = openai_agents.DurableRunner(effects={"refund"})
-    outputs: list[str] = []
 
-    async def turn(state: dict[str, Any], ctx: ds.Context) -> None:
-        outputs.append(str((await runner.run(agent, "refund both", ctx=ctx)).final_output))
-        if ctx.attempt == 1:
-            raise RuntimeError("after the agent run: the retry replays it")
+    async def run(ctx: ds.Context) -> str:
+        return str((await runner.run(agent, "refund both", ctx=ctx)).final_output)
 
-    wf = ds.Workflow(
-        "long-ids", steps=[ds.step(turn, name="turn", retry=RETRY)], store=str(tmp_path)
-    )
-    asyncio.run(wf.arun("r1", {}))
-    assert outputs == ["refunded 0 / refunded 1"] * 2
+    assert retried(tmp_path, run) == ["refunded 0 / refunded 1"] * 2
     assert TwoRefunds.calls == 2  # each response made once, replayed on the retry
     assert sorted(order for order, _ in fired) == [0, 1]
     assert fired[0][1] != fired[1][1]
