@@ -12,11 +12,12 @@ from __future__ import annotations
 
 import hmac
 import re
-from typing import Protocol
+from collections.abc import Mapping
+from typing import Any, Protocol
 
 from ..errors import CorruptCheckpoint
 
-__all__ = ["Signer", "sealed", "unseal"]
+__all__ = ["Signer", "sealed", "sealed_record", "unseal"]
 
 
 class Signer(Protocol):
@@ -27,7 +28,10 @@ class Signer(Protocol):
         ...
 
 
-_SIG_TAIL = re.compile(rb',"sig":"([0-9a-f]{64})"\}\Z')
+_TAG = "[0-9a-f]{64}"
+"""What a tag is: 64 hex digits (an HMAC-SHA256)."""
+_SIG_TAIL = re.compile(rb',"sig":"(%s)"\}\Z' % _TAG.encode())
+_TAG_TEXT = re.compile(_TAG)
 
 
 def _seal_of(line: bytes) -> re.Match[bytes] | None:
@@ -41,6 +45,14 @@ def sealed(data: bytes) -> bool:
     """Whether the stored head ``data`` carries a signature (not whether it verifies)."""
     newline = data.find(b"\n")
     return _seal_of(data[:newline] if newline >= 0 else data) is not None
+
+
+def sealed_record(record: Mapping[str, Any]) -> bool:
+    """:func:`sealed` for a header line already parsed (``record``, in its order):
+    a tag in its last field, ``sig``.
+    """
+    tag = record.get("sig")
+    return list(record)[-1:] == ["sig"] and isinstance(tag, str) and bool(_TAG_TEXT.fullmatch(tag))
 
 
 def unseal(data: bytes, signer: Signer | None, where: str, run: str | None) -> None:

@@ -27,20 +27,19 @@ writes one.
 from __future__ import annotations
 
 import os
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from .._record import checkpoint as ckpt
 from .._record.sealing import sealed as is_sealed
+from .._record.sealing import sealed_record
 from ..errors import CorruptCheckpoint
 from ..serializers import SIGNING_KEY_ENV, JSONSerializer, SignedSerializer
 
 __all__ = ["Signature", "check", "unsealed_claim"]
 
 _SIGNED = "+hmac-sha256"
-_TAG = re.compile(r"[0-9a-f]{64}")
 
 
 @dataclass(frozen=True)
@@ -58,17 +57,13 @@ class Signature:
 
 def unsealed_claim(raw: Mapping[str, Any]) -> bool:
     """Whether a head's raw header says it is signed and carries no signature: what
-    the runs list marks corrupt. The list reads raw headers, not bytes, so this is
-    :func:`~durable_steps._record.sealing.sealed` on the parsed line: a tag is
-    64 hex digits in the line's last field, ``sig`` (the run page checks the bytes
-    and, with the key, the tag itself).
+    the runs list marks corrupt. The list reads raw headers, not bytes
+    (:func:`~durable_steps._record.sealing.sealed_record`); the run page checks the
+    bytes and, with the key, the tag itself.
     """
     serializer = raw.get("serializer")
-    if not (isinstance(serializer, str) and serializer.endswith(_SIGNED)):
-        return False
-    tag, keys = raw.get("sig"), list(raw)
-    sealed = keys[-1:] == ["sig"] and isinstance(tag, str) and _TAG.fullmatch(tag) is not None
-    return not sealed
+    claims = isinstance(serializer, str) and serializer.endswith(_SIGNED)
+    return claims and not sealed_record(raw)
 
 
 def check(header: ckpt.Checkpoint, data: bytes) -> Signature:
