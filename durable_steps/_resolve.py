@@ -13,7 +13,7 @@ from ._record import checkpoint as ckpt
 from ._record import format2 as f2
 from ._record import history
 from .errors import CheckpointConflict, DefinitionError, DurableStepsError, RunLocked
-from .serializers import plain_json
+from .serializers import SIGNED_SUFFIX, plain_json
 
 if TYPE_CHECKING:
     from .serializers import Serializer
@@ -76,7 +76,7 @@ def resolve(
         raise DurableStepsError(f"run {name} does not exist (no checkpoint at {key!r})", run=name)
     where = f"run {name}: checkpoint {key!r}"
     header, payload = ckpt.decode(found[0], where=where, run=name, signer=signer)
-    if signer is None and header.serializer.endswith("+hmac-sha256"):
+    if signer is None and header.serializer.endswith(SIGNED_SUFFIX):
         raise DurableStepsError(
             f"run {name} is signed: resolving it rewrites its header, which needs the "
             "signing key (pass the workflow's signing_key, or set $DURABLE_STEPS_SIGNING_KEY "

@@ -59,6 +59,9 @@ __all__ = [
 ]
 
 SIGNING_KEY_ENV = "DURABLE_STEPS_SIGNING_KEY"
+SIGNED_SUFFIX = "+hmac-sha256"
+"""What a :class:`SignedSerializer` adds to its inner serializer's name
+(``json+hmac-sha256``): how a reader of a head tells that it says it is signed."""
 
 # Built once: json.dumps() with options makes a new encoder on every call.
 # check_circular is off because check_json has already refused cycles (as
@@ -332,7 +335,7 @@ class SignedSerializer:
                 f"not {inner!r}; or pass serializer= and signing_key= to the Workflow"
             )
         self.inner = inner
-        self.name = f"{inner.name}+hmac-sha256"
+        self.name = f"{inner.name}{SIGNED_SUFFIX}"
         self._key = key.encode() if isinstance(key, str) else key
         # A key of its own for headers (domain separation): a header tag can
         # never be replayed as a state tag or the other way round.

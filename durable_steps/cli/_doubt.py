@@ -9,7 +9,13 @@ from collections.abc import Callable
 from typing import Any
 
 from .. import _resolve
-from ..serializers import SIGNING_KEY_ENV, JSONSerializer, SignedSerializer, resolve_serializer
+from ..serializers import (
+    SIGNED_SUFFIX,
+    SIGNING_KEY_ENV,
+    JSONSerializer,
+    SignedSerializer,
+    resolve_serializer,
+)
 from ..stores import Store
 from ._base import EXIT_OK, EXIT_REFUSED, RUN_HELP, CommandError, json_argument, run_ref
 from ._format import Style, echo, status_label
@@ -48,7 +54,7 @@ def _cmd_resolve(args: argparse.Namespace, store: Store, style: Style) -> int:
     serializer = None
     if args.result is not None:
         result = json_argument(args.result, "--result")
-        serializer = resolve_serializer(header.serializer.removesuffix("+hmac-sha256"), key)
+        serializer = resolve_serializer(header.serializer.removesuffix(SIGNED_SUFFIX), key)
     _resolve.resolve(
         store,
         workflow,

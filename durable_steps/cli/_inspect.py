@@ -16,7 +16,13 @@ from .._lease import is_live
 from .._record import checkpoint as ckpt
 from .._record.format2 import load_state
 from ..errors import CorruptCheckpoint, WorkflowChanged
-from ..serializers import SIGNING_KEY_ENV, PickleSerializer, Serializer, resolve_serializer
+from ..serializers import (
+    SIGNED_SUFFIX,
+    SIGNING_KEY_ENV,
+    PickleSerializer,
+    Serializer,
+    resolve_serializer,
+)
 from ..stores import Store
 from ._base import (
     APP,
@@ -56,7 +62,6 @@ if TYPE_CHECKING:
 
 __all__ = ["FINISHED", "describe", "next_hint", "next_step", "register"]
 
-_SIGNED = "+hmac-sha256"
 FINISHED = ("completed", "deleted")  # "deleted": a tombstone, see _cleanup
 
 
@@ -373,7 +378,7 @@ def _journal_lines(
 
 def _decode_state(store: Store, header: ckpt.Checkpoint, payload: bytes, unsafe: bool) -> Any:
     name = header.serializer
-    inner = name.removesuffix(_SIGNED)
+    inner = name.removesuffix(SIGNED_SUFFIX)
     if inner not in ("json", "pickle"):
         raise CommandError(f"run {header.run} uses a custom serializer {name!r}; cannot decode it")
     if inner == "pickle" and not unsafe:
@@ -384,7 +389,7 @@ def _decode_state(store: Store, header: ckpt.Checkpoint, payload: bytes, unsafe:
             EXIT_USAGE,
         )
     serializer: Serializer
-    if name.endswith(_SIGNED):
+    if name.endswith(SIGNED_SUFFIX):
         key = os.environ.get(SIGNING_KEY_ENV)
         if not key:
             raise CommandError(

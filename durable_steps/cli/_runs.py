@@ -18,7 +18,7 @@ from typing import Any
 from .._lease import is_live, lease_end
 from .._record import checkpoint as ckpt
 from ..errors import CorruptCheckpoint
-from ..serializers import SIGNING_KEY_ENV, JSONSerializer, SignedSerializer
+from ..serializers import SIGNED_SUFFIX, SIGNING_KEY_ENV, JSONSerializer, SignedSerializer
 from ..stores import Store
 from ._base import EXIT_NOT_FOUND, CommandError, cmd
 from ._format import clean, human_age, run_size
@@ -197,7 +197,7 @@ def load(store: Store, workflow: str, run_id: str) -> tuple[ckpt.Checkpoint, byt
     where = f"run {name}: checkpoint {key!r}"
     header, payload = ckpt.decode(found[0], where=where)
     key_set = os.environ.get(SIGNING_KEY_ENV)
-    if key_set and header.serializer.endswith("+hmac-sha256"):
+    if key_set and header.serializer.endswith(SIGNED_SUFFIX):
         # With the key at hand, what is shown (and resolved) is what was signed:
         # a header edited by someone without the key is refused, not displayed.
         ckpt.decode(found[0], where=where, signer=SignedSerializer(JSONSerializer(), key_set))

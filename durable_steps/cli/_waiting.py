@@ -18,7 +18,7 @@ from typing import Any
 from .. import _signals
 from .._record import checkpoint as ckpt
 from ..errors import DurableStepsError, SerializationError, StoreError
-from ..serializers import SIGNING_KEY_ENV, JSONSerializer, SignedSerializer
+from ..serializers import SIGNED_SUFFIX, SIGNING_KEY_ENV, JSONSerializer, SignedSerializer
 from ..stores import Store
 from ._base import (
     APP,
@@ -153,7 +153,7 @@ def _cmd_signal(args: argparse.Namespace, store: Store, style: Style) -> int:
     workflow, run_id = locate(store, args.run)
     header, _, _ = load(store, workflow, run_id)  # exit 3 when it does not exist
     key = os.environ.get(SIGNING_KEY_ENV)
-    if not key and header.serializer.endswith("+hmac-sha256"):
+    if not key and header.serializer.endswith(SIGNED_SUFFIX):
         # Unsigned, it would take the name for good and be refused by the run.
         raise CommandError(
             f"run {header.run} is signed ({header.serializer}), so it refuses an unsigned "

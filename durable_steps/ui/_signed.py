@@ -35,11 +35,9 @@ from .._record import checkpoint as ckpt
 from .._record.sealing import sealed as is_sealed
 from .._record.sealing import sealed_record
 from ..errors import CorruptCheckpoint
-from ..serializers import SIGNING_KEY_ENV, JSONSerializer, SignedSerializer
+from ..serializers import SIGNED_SUFFIX, SIGNING_KEY_ENV, JSONSerializer, SignedSerializer
 
 __all__ = ["Signature", "check", "unsealed_claim"]
-
-_SIGNED = "+hmac-sha256"
 
 
 @dataclass(frozen=True)
@@ -62,7 +60,7 @@ def unsealed_claim(raw: Mapping[str, Any]) -> bool:
     bytes and, with the key, the tag itself.
     """
     serializer = raw.get("serializer")
-    claims = isinstance(serializer, str) and serializer.endswith(_SIGNED)
+    claims = isinstance(serializer, str) and serializer.endswith(SIGNED_SUFFIX)
     return claims and not sealed_record(raw)
 
 
@@ -71,7 +69,7 @@ def check(header: ckpt.Checkpoint, data: bytes) -> Signature:
     :class:`CorruptCheckpoint` for one that no workflow with the key wrote.
     """
     where = f"run {header.run}: checkpoint {ckpt.checkpoint_key(header.workflow, header.run_id)!r}"
-    claims, sealed = header.serializer.endswith(_SIGNED), is_sealed(data)
+    claims, sealed = header.serializer.endswith(SIGNED_SUFFIX), is_sealed(data)
     if claims and not sealed:
         raise CorruptCheckpoint(
             f"{where} says it is signed ({header.serializer}) but carries no signature. A "

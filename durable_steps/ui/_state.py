@@ -30,12 +30,17 @@ from .._record import format2 as f2
 from .._record.delta import apply
 from .._record.finders import JOURNAL
 from ..errors import CorruptCheckpoint
-from ..serializers import SIGNING_KEY_ENV, PickleSerializer, Serializer, resolve_serializer
+from ..serializers import (
+    SIGNED_SUFFIX,
+    SIGNING_KEY_ENV,
+    PickleSerializer,
+    Serializer,
+    resolve_serializer,
+)
 from ..stores import Store
 
 __all__ = ["Decoded", "Node", "decode_run", "outline", "tree"]
 
-_SIGNED = "+hmac-sha256"
 MAX_NODES = 4000
 """A bigger state is shown up to this many values (the rest summarised)."""
 MAX_DEPTH = 32
@@ -64,7 +69,7 @@ class Decoded:
 def serializer_for(header: ckpt.Checkpoint, unsafe: bool) -> tuple[Serializer | None, str | None]:
     """The serializer to decode ``header``'s state with, or why not (``show --state``'s rules)."""
     name = header.serializer
-    inner = name.removesuffix(_SIGNED)
+    inner = name.removesuffix(SIGNED_SUFFIX)
     key = os.environ.get(SIGNING_KEY_ENV)
     if inner not in ("json", "pickle"):
         return None, f"a custom serializer ({name}): the page cannot decode it"
@@ -74,7 +79,7 @@ def serializer_for(header: ckpt.Checkpoint, unsafe: bool) -> tuple[Serializer | 
             "is shown. Start the page with --unsafe-unpickle if you trust everyone who can "
             "write to this store"
         )
-    if name.endswith(_SIGNED):
+    if name.endswith(SIGNED_SUFFIX):
         if not key:
             return None, f"signed ({name}): set {SIGNING_KEY_ENV} to its key to read it"
         return resolve_serializer(inner, key), None
@@ -93,9 +98,9 @@ def decode_run(store: Store, header: ckpt.Checkpoint, payload: bytes, unsafe: bo
     serializer, problem = serializer_for(header, unsafe)
     if serializer is None:
         out = Decoded(problem=problem)
-        if header.serializer.removesuffix(_SIGNED) == "pickle":
+        if header.serializer.removesuffix(SIGNED_SUFFIX) == "pickle":
             out.outline = outline(
-                _pickles(store, header, payload), header.serializer.endswith("+hmac-sha256")
+                _pickles(store, header, payload), header.serializer.endswith(SIGNED_SUFFIX)
             )
         return out
     try:
