@@ -298,6 +298,8 @@ def _process_alive(pid: int, started: float | None) -> bool:
     whose PID 1 does not reap, ``timeout -s KILL`` without ``--foreground``) or
     a dying process (``X``) still answers ``kill(pid, 0)``, but it will never
     write again: it is gone, or its run would stay locked for a whole lease.
+    Only when it has no other thread, though: a process whose main thread
+    exited (``pthread_exit``) while others run shows ``Z`` too, and is alive.
     Where ``/proc`` cannot be read (macOS), ``kill(pid, 0)`` alone decides.
     """
     try:
@@ -312,9 +314,21 @@ def _process_alive(pid: int, started: float | None) -> bool:
     if stat is None:
         return True
     state, began = stat
-    if state in (b"Z", b"X", b"x"):
-        return False
+    if state in (b"Z", b"X", b"x") and _threads(pid) == 1:
+        return False  # (a Z leader whose other threads still run is a live process)
     return started is None or began == started
+
+
+def _threads(pid: int) -> int | None:
+    """How many threads ``pid`` has (``/proc/<pid>/status``); None where unknown."""
+    try:
+        with open(f"/proc/{pid}/status", "rb") as f:
+            for line in f:
+                if line.startswith(b"Threads:"):
+                    return int(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
 
 
 def describe(owner: dict[str, Any], *, since: object = None) -> str:
