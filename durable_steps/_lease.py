@@ -21,8 +21,8 @@ not ``"live"``:
     a worker, failed, in doubt).
 ``"gone"``
     The owner provably runs no more: it is on this host (same hostname, boot
-    and PID namespace) and its process is gone or was replaced (a SIGKILL, an
-    OOM kill), or it is an execution in this
+    and PID namespace) and its process is gone, a zombie nobody reaped, or
+    was replaced (a SIGKILL, an OOM kill), or it is an execution in this
     very process that has ended.
 ``"expired"``
     The lease ended, but the owner is on another host (or its record is
@@ -113,16 +113,25 @@ _BOOT = _read_text("/proc/sys/kernel/random/boot_id")
 _PIDNS = _pid_namespace()
 
 
-def _process_started(pid: int) -> float | None:
-    """When ``pid`` started (seconds since boot), where the OS says; this tells
-    a live owner from an unrelated process that reused its pid.
+def _proc_stat(pid: int) -> tuple[bytes, float] | None:
+    """``pid``'s state letter and start time (seconds since boot) from
+    ``/proc/<pid>/stat``, or None where that cannot be read (no ``/proc``, as
+    on macOS; a ``hidepid`` mount; the process is gone).
     """
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
             fields = f.read().rsplit(b")", 1)[1].split()
-        return int(fields[19]) / os.sysconf("SC_CLK_TCK")
+        return fields[0], int(fields[19]) / os.sysconf("SC_CLK_TCK")
     except (OSError, ValueError, IndexError):
         return None
+
+
+def _process_started(pid: int) -> float | None:
+    """When ``pid`` started (seconds since boot), where the OS says; this tells
+    a live owner from an unrelated process that reused its pid.
+    """
+    stat = _proc_stat(pid)
+    return None if stat is None else stat[1]
 
 
 _STARTED = _process_started(os.getpid())
@@ -283,16 +292,43 @@ def is_live(
 
 
 def _process_alive(pid: int, started: float | None) -> bool:
-    """Whether ``pid`` on this host is still the process that started at ``started``."""
+    """Whether ``pid`` on this host is still the process that started at ``started``.
+
+    A zombie (state ``Z``: killed, not yet reaped by its parent — a container
+    whose PID 1 does not reap, ``timeout -s KILL`` without ``--foreground``) or
+    a dying process (``X``) still answers ``kill(pid, 0)``, but it will never
+    write again: it is gone, or its run would stay locked for a whole lease.
+    Only when it has no other thread, though: a process whose main thread
+    exited (``pthread_exit``) while others run shows ``Z`` too, and is alive.
+    Where ``/proc`` cannot be read (macOS), ``kill(pid, 0)`` alone decides.
+    """
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
-        return True  # exists, owned by another user
+        pass  # exists, owned by another user: /proc may still tell a zombie
     except (OverflowError, ValueError, OSError):
         return False  # no such pid can exist
-    return started is None or _process_started(pid) in (None, started)
+    stat = _proc_stat(pid)
+    if stat is None:
+        return True
+    state, began = stat
+    if state in (b"Z", b"X", b"x") and _threads(pid) == 1:
+        return False  # (a Z leader whose other threads still run is a live process)
+    return started is None or began == started
+
+
+def _threads(pid: int) -> int | None:
+    """How many threads ``pid`` has (``/proc/<pid>/status``); None where unknown."""
+    try:
+        with open(f"/proc/{pid}/status", "rb") as f:
+            for line in f:
+                if line.startswith(b"Threads:"):
+                    return int(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
 
 
 def describe(owner: dict[str, Any], *, since: object = None) -> str:

@@ -40,7 +40,9 @@ class Workflow:
     (default) or ``"pickle"``; pickles are signed with ``signing_key`` (or
     ``$DURABLE_STEPS_SIGNING_KEY``) when one is given. ``on_complete="mark"``
     keeps a finished run's checkpoint as a terminal marker holding the final
-    state; ``"delete"`` removes it, so a rerun starts over. ``on_event``
+    state, which a rerun returns; ``"delete"`` replaces it with a tombstone
+    without state, so a rerun (or :meth:`resume`) runs nothing and returns
+    ``None``. ``on_event``
     subscribers receive an :class:`~durable_steps.Event` for everything that
     happens in a run. ``lease`` is how long (seconds) a run stays owned by a
     process that stopped renewing it before another may take it over; see
@@ -270,8 +272,10 @@ class Workflow:
         final state), and never create one.
 
         An id the store has no run for raises :class:`~durable_steps.RunNotFound`
-        naming the run and the store, and nothing is written. ``takeover`` and
-        ``wait`` are :meth:`run`'s.
+        naming the run and the store, and nothing is written. A run completed
+        under ``on_complete="delete"`` returns ``None``, as a rerun does: its
+        tombstone says it ran (so it is no unknown id), but no state is kept to
+        return. ``takeover`` and ``wait`` are :meth:`run`'s.
         """
         return self._execute(run_id, None, takeover=takeover, wait=wait, create=False)
 

@@ -207,6 +207,34 @@ def test_the_readme_is_a_front_door() -> None:
     assert "docs/" in text
 
 
+LOOPBACK_WEED = ("-ip=127.0.0.1", "-ip.bind=127.0.0.1", "-master.telemetry=false")
+
+
+def test_a_weed_mini_command_in_the_docs_listens_on_loopback_without_telemetry() -> None:
+    """`weed mini` listens on every interface and phones home by default: a command the
+    docs give passes the flags tests/s3servers.py passes to keep it on loopback and quiet."""
+    assert all(
+        f'"{flag}"' in (ROOT / "tests" / "s3servers.py").read_text() for flag in LOOPBACK_WEED
+    )
+    commands = [
+        command
+        for page in PAGES
+        for command in re.findall(r"^weed mini\b(?:.*\\\n)*.*$", page.read_text(), re.MULTILINE)
+    ]
+    assert commands  # the S3 tutorial has one
+    for command in commands:
+        assert all(flag in command.split() for flag in LOOPBACK_WEED), command
+
+
+def test_an_extra_installed_from_an_index_is_also_shown_from_a_checkout() -> None:
+    """The package installs from its repository (README, docs/install.md): a page that
+    shows `pip install 'durable-steps[x]'` also shows `pip install -e '.[x]'`."""
+    for page in PAGES:
+        text = page.read_text()
+        for extra in re.findall(r"pip install 'durable-steps\[([^\]]+)\]'", text):
+            assert f"pip install -e '.[{extra}]'" in text, f"{page.name}: {extra}"
+
+
 def hooks() -> Any:
     """docs/_hooks/mkdocs_cli.py, the site's MkDocs hooks."""
     sys.path.insert(0, str(ROOT / "docs" / "_hooks"))

@@ -11,7 +11,9 @@ re-runs the step from its start as a resume does.
 from __future__ import annotations
 
 import argparse
+import ast
 import asyncio
+import importlib.metadata
 import json
 import signal
 import subprocess
@@ -510,3 +512,81 @@ def test_import_durable_steps_does_not_import_the_sdk() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT
     )
     assert out.stdout.strip() == "[]"
+
+
+def _remove(internal: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Make the installed SDK lack ``internal``, as a later release might."""
+    import agents
+    import agents.usage
+
+    owner, _, name = internal.rpartition(".")
+    if owner == "RunResult":
+        monkeypatch.delitem(agents.RunResult.__dataclass_fields__, name)
+    elif owner == "agents.usage":
+        monkeypatch.delattr(agents.usage, name)
+    else:
+        monkeypatch.delattr(getattr(agents, owner), name)
+
+
+@pytest.mark.parametrize(
+    "internal",
+    [
+        "Handoff._agent_ref",
+        "Model._cleanup_on_run_end",
+        "RunResult._last_agent",
+        "agents.usage.serialize_usage",
+        "agents.usage.deserialize_usage",
+    ],
+)
+def test_an_sdk_without_an_internal_we_read_is_refused_clearly(
+    internal: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The probe names the SDK's version, the internal it lacks and the supported pin."""
+    from durable_steps.integrations.openai_agents import _sdk
+
+    _sdk.require()  # the installed SDK has them all
+    _remove(internal, monkeypatch)
+    assert _sdk.missing() == [internal]
+    with pytest.raises(ImportError) as refused:
+        _sdk.require()
+    message = str(refused.value)
+    assert f"openai-agents {importlib.metadata.version('openai-agents')}:" in message
+    assert f"({internal})" in message
+    assert "pip install 'openai-agents>=0.24,<0.25'" in message
+
+
+def test_the_probe_runs_when_the_integration_is_imported() -> None:
+    """An SDK without Model._cleanup_on_run_end fails the import itself, with the probe's
+    message: not an AttributeError mid-run, nor a run-end hook silently never forwarded."""
+    code = (
+        "import agents; del agents.Model._cleanup_on_run_end\n"
+        "import durable_steps.integrations.openai_agents"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=False
+    )
+    assert out.returncode != 0
+    last = out.stderr.strip().splitlines()[-1]
+    assert last.startswith("ImportError: durable_steps.integrations.openai_agents cannot run on")
+    assert "(Model._cleanup_on_run_end)" in last
+
+
+def test_the_sdk_is_read_through_public_names_but_the_listed_internals() -> None:
+    """Every SDK import of the integration is ``from agents import`` (the public names)
+    but agents.usage's, and every internal the import-time probe checks is explained in
+    the docs page; the installed SDK has them all."""
+    from durable_steps.integrations.openai_agents import _sdk
+
+    package = ROOT / "durable_steps" / "integrations" / "openai_agents"
+    deep = set()
+    for path in package.glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("agents."):
+                deep.add((node.module, tuple(sorted(a.name for a in node.names))))
+            if isinstance(node, ast.Import):
+                assert not [a.name for a in node.names if a.name.startswith("agents.")], path
+    assert deep == {("agents.usage", ("deserialize_usage", "serialize_usage"))}
+    assert _sdk.missing() == []
+    page = (ROOT / "docs" / "integrations" / "openai-agents.md").read_text()
+    for internal in _sdk.INTERNALS:
+        assert f"`{internal.removeprefix('agents.usage.')}`" in page, internal

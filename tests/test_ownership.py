@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import logging
 import os
+import subprocess
+import sys
 import threading
 import time
 from typing import Any
@@ -130,6 +132,61 @@ def test_an_impossible_pid_on_this_host_is_not_live(pid: Any) -> None:
     assert _lease.judge(owner_record(host=_lease._HOST, pidns=None, boot=None, pid=pid)) == (
         "expired"
     )
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/stat"), reason="zombies are seen in /proc")
+def test_a_zombie_owner_is_gone_and_without_proc_kill_alone_decides(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A real owner process: live while it runs, gone once SIGKILLed though never reaped
+    (a zombie); where /proc cannot be read (macOS) the zombie counts as alive, as before."""
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        here = owner_record(host=_lease._HOST, pidns=None, boot=None, pid=proc.pid)
+        here["started"] = _lease._process_started(proc.pid)
+        assert _lease.judge(here) == "live"
+        assert _lease.judge({**here, "started": here["started"] + 1}) == "gone"  # a reused pid
+        proc.kill()  # not reaped: a zombie until wait()
+        deadline = time.monotonic() + 10
+        while (_lease._proc_stat(proc.pid) or (b"?",))[0] != b"Z":
+            assert time.monotonic() < deadline, "the child never became a zombie"
+            time.sleep(0.01)
+        assert _lease.judge(here) == "gone"
+        monkeypatch.setattr(_lease, "_proc_stat", lambda pid: None)  # no /proc
+        assert _lease.judge(here) == "live"
+        proc.wait()
+        assert _lease.judge(here) == "gone"
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+_LEADER_EXITS = """
+import ctypes, threading, time
+threading.Thread(target=time.sleep, args=(60,)).start()
+print("ready", flush=True)
+ctypes.CDLL(None).pthread_exit(None)  # the main thread ends; the process runs on
+"""
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/stat"), reason="zombies are seen in /proc")
+def test_a_process_whose_main_thread_exited_is_alive_though_its_leader_shows_z() -> None:
+    """/proc shows a process as Z once its main thread exited, even while other threads
+    run: such an owner is alive, not a zombie, and keeps its run."""
+    proc = subprocess.Popen([sys.executable, "-c", _LEADER_EXITS], stdout=subprocess.PIPE)
+    try:
+        assert proc.stdout is not None
+        assert proc.stdout.readline() == b"ready\n"
+        deadline = time.monotonic() + 10
+        while (_lease._proc_stat(proc.pid) or (b"?",))[0] != b"Z":
+            assert time.monotonic() < deadline, "the main thread never exited"
+            time.sleep(0.01)
+        here = owner_record(host=_lease._HOST, pidns=None, boot=None, pid=proc.pid)
+        here["started"] = _lease._process_started(proc.pid)
+        assert _lease.judge(here) == "live"
+    finally:
+        proc.kill()
+        proc.communicate()  # reaps it and closes its stdout
 
 
 # --- clocks against the store ------------------------------------------------------

@@ -170,6 +170,23 @@ def test_on_complete_delete_leaves_a_tombstone(store: ds.Store, run: Runner) -> 
     assert tomb.run_nonce != _tombstone(store, "tidy", "r1").run_nonce
 
 
+def test_resume_of_a_deleted_run_returns_none_and_writes_nothing(store: ds.Store) -> None:
+    """wf.resume (and aresume) of a run completed under on_complete='delete' returns None,
+    as a rerun does: the run exists (its tombstone), so no RunNotFound, but no state is kept.
+    """
+    fired: list[str] = []
+    wf = ds.Workflow("tidy", store=store, on_complete="delete")
+    wf.step(name="charge", idempotent=False)(lambda s: fired.append("charge"))
+    assert wf.run("r1", {"card": "4242"}) == {"card": "4242"}
+    before = store.get(ckpt.checkpoint_key("tidy", "r1"))
+    assert wf.resume("r1") is None
+    assert asyncio.run(wf.aresume("r1")) is None
+    assert store.get(ckpt.checkpoint_key("tidy", "r1")) == before  # nothing written
+    assert fired == ["charge"]
+    with pytest.raises(ds.RunNotFound):
+        wf.resume("never-ran")
+
+
 def test_on_complete_delete_after_crash_before_delete(store: ds.Store, run: Runner) -> None:
     """A completed run left behind by a crash before its delete is deleted by the rerun, unrun."""
     calls: list[int] = []

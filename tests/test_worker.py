@@ -285,6 +285,24 @@ def test_same_host_takeover_after_sigkill_needs_no_wait(
     assert time.monotonic() - began < 10
 
 
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="zombies are seen in /proc")
+@pytest.mark.parametrize("durable_target", ["local"], indirect=True)
+def test_an_unreaped_sigkilled_owner_is_taken_over_at_once(
+    durable_target: StoreTarget, files: dict[str, Path], children: list[Child]
+) -> None:
+    """A SIGKILLed owner its parent never reaped (a zombie: a container whose PID 1 does
+    not reap) is gone, not live: its run is taken over at once, not after its lease."""
+    child = run_in_child(durable_target, files, children, seconds="30", lease="600")
+    child.signal(signal.SIGKILL)  # and no wait(): the child stays a zombie
+    stat = Path(f"/proc/{child.proc.pid}/stat")
+    wait_for(lambda: stat.read_bytes().rsplit(b")", 1)[1].split()[0] == b"Z", what="a zombie")
+    wf = fleet(durable_target.open())
+    began = time.monotonic()
+    assert wf.run("r1") == DONE
+    assert time.monotonic() - began < 10
+    assert stat.exists()  # still unreaped: the takeover did not wait for it
+
+
 @pytest.mark.parametrize("durable_target", ["local"], indirect=True)
 def test_durable_steps_host_makes_a_dead_owner_another_hosts(
     durable_target: StoreTarget, files: dict[str, Path], children: list[Child]

@@ -70,8 +70,22 @@ An SDK-managed model retry (``ModelSettings(retry=...)``) names its retry
 ``model:N.2``, and a re-run replays the try that succeeded (see
 ``integrations._names``); the client's own retries (``max_retries``) happen
 inside the recorded call.
+
+SDK internals. Everything is read through the SDK's public names (``from
+agents import ...``) except what openai-agents 0.24 has no public name for —
+which is why the ``openai-agents`` extra pins ``<0.25``:
+``Handoff._agent_ref`` (a handoff's target, to copy and journal it),
+``Model._cleanup_on_run_end`` (the run-end hook the SDK calls on the
+journaled model, forwarded to the user's), ``RunResult._last_agent`` (set
+back to the user's agent, as ``last_agent`` has no setter) and
+``agents.usage.serialize_usage``/``deserialize_usage`` (the SDK's own JSON
+form of ``Usage``, the one its ``RunState`` uses, for recorded responses).
+Importing this package checks that the installed SDK has each of them and
+raises an ``ImportError`` naming the SDK's version otherwise (see
+:mod:`._sdk`, which says why each is needed).
 """
 
+from . import _sdk  # noqa: F401 - first: an SDK lacking an internal we read fails here
 from ._binding import idempotency_key
 from ._runner import DurableRunner
 

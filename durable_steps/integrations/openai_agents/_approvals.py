@@ -28,7 +28,7 @@ import re
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from agents.items import ToolApprovalItem
+    from agents import ToolApprovalItem
 
 __all__ = ["decide", "signal_name"]
 

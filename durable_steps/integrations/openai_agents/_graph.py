@@ -33,9 +33,7 @@ import weakref
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from agents import Agent, FunctionTool, Handoff
-from agents.guardrail import InputGuardrail, OutputGuardrail
-from agents.models.interface import Model
+from agents import Agent, FunctionTool, Handoff, InputGuardrail, Model, OutputGuardrail
 
 from ._binding import Binding, errors_var, key_var
 from ._items import dump_guardrail, dump_tool_result, load_guardrail, tool_title

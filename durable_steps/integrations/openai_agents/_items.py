@@ -29,9 +29,8 @@ import json
 import typing
 from typing import Any
 
-from agents.guardrail import GuardrailFunctionOutput
-from agents.items import ModelResponse
-from agents.usage import deserialize_usage, serialize_usage
+from agents import GuardrailFunctionOutput, ModelResponse
+from agents.usage import deserialize_usage, serialize_usage  # no public name: see _sdk
 from openai.types.responses import ResponseOutputItem
 from pydantic import BaseModel
 from pydantic_core import PydanticSerializationError, to_jsonable_python

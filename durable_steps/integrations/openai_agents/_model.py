@@ -14,8 +14,8 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
-from agents.items import ModelResponse, TResponseStreamEvent
-from agents.models.interface import Model, ModelProvider
+from agents import Model, ModelProvider, ModelResponse
+from openai.types.responses import ResponseStreamEvent
 
 from ...errors import DefinitionError
 from ._items import dump_response, load_response
@@ -62,7 +62,7 @@ class JournaledModel(Model):
         binding.tries = 0
         return load_response(recorded)
 
-    def stream_response(self, *args: Any, **kwargs: Any) -> AsyncIterator[TResponseStreamEvent]:
+    def stream_response(self, *args: Any, **kwargs: Any) -> AsyncIterator[ResponseStreamEvent]:
         """Refused: a streamed run is not journaled (see ``DurableRunner.run_streamed``)."""
         ctx = self.binding.ctx
         raise DefinitionError(

@@ -9,10 +9,7 @@ import warnings
 from collections.abc import Collection
 from typing import TYPE_CHECKING, Any, NoReturn
 
-from agents import Agent, RunConfig, Runner
-from agents.memory import OpenAIConversationsSession
-from agents.models.interface import Model
-from agents.models.multi_provider import MultiProvider
+from agents import Agent, Model, MultiProvider, OpenAIConversationsSession, RunConfig, Runner
 
 from ...errors import DefinitionError
 from ._approvals import decide, signal_name
@@ -22,7 +19,7 @@ from ._model import JournaledModel, JournaledProvider
 from ._session import JournaledSession
 
 if TYPE_CHECKING:
-    from agents.result import RunResult
+    from agents import RunResult
 
     from ..._context import Context
 

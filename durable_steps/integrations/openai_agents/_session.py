@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 from pydantic_core import to_jsonable_python
 
 if TYPE_CHECKING:
-    from agents.items import TResponseInputItem
+    from agents import TResponseInputItem
 
     from ._binding import Binding
 
