@@ -59,6 +59,18 @@ def load_response(data: Any) -> ModelResponse:
     return message
 
 
+def _streamed(recorded: Any) -> bool:
+    """Whether ``recorded`` is a streamed request's record (its response and events).
+
+    Either path replays either record: a step whose re-run asks without
+    streaming what its first attempt streamed (an ``event_stream_handler``
+    dropped, ``run_stream`` changed to ``run``) gets the recorded response; the
+    other way round, a response recorded unstreamed streams back one start
+    event per part.
+    """
+    return isinstance(recorded, dict) and recorded.keys() == {"response", "events"}
+
+
 class JournaledModel(WrapperModel):
     """The agent's model, each request a journaled call of the bound step."""
 
@@ -79,7 +91,10 @@ class JournaledModel(WrapperModel):
             )
             return dump_response(response)
 
-        return load_response(await self._recorded(bound, messages, live))
+        recorded = await self._recorded(bound, messages, live)
+        if _streamed(recorded):  # recorded streamed: the response is the same either way
+            recorded = recorded["response"]
+        return load_response(recorded)
 
     @asynccontextmanager
     async def request_stream(
@@ -109,7 +124,7 @@ class JournaledModel(WrapperModel):
             }
 
         recorded = await self._recorded(bound, messages, live)
-        if isinstance(recorded, dict) and recorded.keys() == {"response", "events"}:
+        if _streamed(recorded):
             response = load_response(recorded["response"])
             replay: bool | list[ModelResponseStreamEvent] = _EVENTS.validate_python(
                 recorded["events"]

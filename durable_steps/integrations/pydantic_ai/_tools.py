@@ -114,6 +114,8 @@ class Binding:
     def tool_name(self, run_ctx: RunContext[Any]) -> str:
         call_id = run_ctx.tool_call_id or run_ctx.tool_name or "?"
         name = tool_call_name(self.prefix, call_id)  # (a long id shortened)
+        # Ids repeated within one response never get here: pydantic-ai (2.54 and later)
+        # refuses such a response before any of its tools runs (the run fails, as plainly).
         if name in self.tools:  # a model that reuses ids across responses (TestModel does)
             name = tool_call_name(self.prefix, call_id, f"@{run_ctx.run_step}")
         self.tools.add(name)
