@@ -20,8 +20,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from pydantic_ai import Agent
-from pydantic_ai.exceptions import UnexpectedModelBehavior
+from pydantic_ai import Agent, RunContext
+from pydantic_ai.capabilities import AbstractCapability
+from pydantic_ai.exceptions import ModelHTTPError, UnexpectedModelBehavior
 from pydantic_ai.messages import (
     ModelMessage,
     ModelResponse,
@@ -32,7 +33,7 @@ from pydantic_ai.messages import (
 from pydantic_ai.models.function import AgentInfo, DeltaToolCall, FunctionModel
 
 import durable_steps as ds
-from durable_steps.integrations.pydantic_ai import DurableAgent
+from durable_steps.integrations.pydantic_ai import DurableAgent, idempotency_key
 from tests.pydaiscenes import norm_messages
 
 pytestmark = pytest.mark.pydantic_ai
@@ -160,3 +161,55 @@ def test_a_request_recorded_on_one_path_replays_on_the_other(tmp_path: Path, fir
     assert seen[0] == seen[1]
     assert seen[0][0] == "the total is 20"
     assert paths == [first, first]  # the re-run asked nothing
+
+
+class Answer(AbstractCapability[None]):
+    """Answers a refused request itself, with a lookup (``on_model_request_error``)."""
+
+    async def on_model_request_error(
+        self, ctx: Any, *, request_context: Any, error: Exception
+    ) -> Any:
+        if not isinstance(error, ModelHTTPError):
+            raise error
+        return ModelResponse(parts=[ToolCallPart("lookup", {}, tool_call_id="c0")])
+
+
+def test_a_request_a_hook_answered_replays_the_hooks_answer(tmp_path: Path) -> None:
+    """The first request fails once (a transient error) and a hook answers it: the
+    re-run sees the hook's answer again, not the model's answer asked anew, so the
+    records after it (the refund, its key) meet the transcript they were made on."""
+    asked: list[int] = []
+    refunds: list[str] = []
+
+    def model(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        asked.append(len(messages))
+        if len(asked) == 1:
+            raise ModelHTTPError(503, "function", "busy")
+        calls = [p.tool_name for m in messages for p in m.parts if isinstance(p, ToolCallPart)]
+        if "refund" not in calls:
+            return ModelResponse(parts=[ToolCallPart("refund", {}, tool_call_id=f"r{len(asked)}")])
+        return ModelResponse(parts=[TextPart("done")])
+
+    agent = Agent(FunctionModel(model), capabilities=[Answer()])
+
+    @agent.tool_plain
+    def lookup() -> str:
+        return "found"
+
+    @agent.tool
+    def refund(run_ctx: RunContext[None]) -> str:
+        refunds.append(idempotency_key(run_ctx))
+        return "ok"
+
+    durable = DurableAgent(agent, effects={"refund"})
+
+    async def body(ctx: ds.Context) -> Any:
+        result = await durable.run("go", ctx=ctx)
+        return result.output, norm_messages(result.all_messages())
+
+    seen = retried(tmp_path, body, [])
+    assert seen[0] == seen[1]
+    assert [p["part_kind"] for p in seen[0][1][1]["parts"]] == ["tool-call"]
+    assert seen[0][1][1]["parts"][0]["tool_name"] == "lookup"  # the hook's answer, again
+    assert len(refunds) == 1  # one refund, one key
+    assert len(asked) == 3  # the failed try and two answers: the re-run asked nothing
