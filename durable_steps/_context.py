@@ -182,6 +182,11 @@ class Context:
             return await fn(*args, **kwargs)
         return await self._journal.acall(name, fn, args, kwargs, title)  # type: ignore[no-any-return]
 
+    def _release(self, name: str) -> None:
+        """A failed journaled call's name, free again in this attempt (``Journal.release``)."""
+        if self._journal is not None:
+            self._journal.release(name)
+
     async def _aeffect(
         self,
         name: str,

@@ -404,6 +404,14 @@ class Journal(Log):
             title=self.title(name),
         )
 
+    def release(self, name: str) -> None:
+        """Let a call named ``name`` be made again in this attempt, if it recorded
+        nothing (it failed): an integration records under it what answered it.
+        """
+        with self._cond:
+            if name not in self.results and name not in self.deferred:
+                self.used.discard(name)
+
     def recorded(self, name: str) -> bool:
         """Whether ``name`` has a recorded result (a call of it now replays it)."""
         with self._cond:

@@ -63,9 +63,9 @@ from pydantic_core import to_jsonable_python
 
 import durable_steps as ds
 from durable_steps.integrations.pydantic_ai import DurableAgent
+from tests.volatile import normalized
 
 SCENES = ("tools", "multimodal", "subagent", "live", "stream", "self", "overload", "tags")
-_VARYING = {"timestamp", "run_id", "conversation_id"}
 
 
 class Order(BaseModel):
@@ -232,17 +232,9 @@ def _sub_model(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
     return ModelResponse(parts=[TextPart(f"counted {_returns(messages)}")])
 
 
-def _strip(value: Any) -> Any:
-    if isinstance(value, dict):
-        return {k: _strip(v) for k, v in value.items() if k not in _VARYING}
-    if isinstance(value, list):
-        return [_strip(v) for v in value]
-    return value
-
-
 def norm_messages(messages: list[ModelMessage]) -> Any:
-    """The messages as JSON, without what differs between any two runs (times, ids)."""
-    return _strip(ModelMessagesTypeAdapter.dump_python(messages, mode="json"))
+    """The messages as JSON, without what differs between any two runs (``normalized``)."""
+    return normalized(ModelMessagesTypeAdapter.dump_python(messages, mode="json"))
 
 
 def norm_events(events: list[Any]) -> list[Any]:
@@ -253,7 +245,7 @@ def norm_events(events: list[Any]) -> list[Any]:
         if name == "AgentRunResultEvent":
             out.append([name, event.result.output])
         else:
-            out.append([name, _strip(to_jsonable_python(event, bytes_mode="base64"))])
+            out.append([name, normalized(event)])
     return out
 
 

@@ -40,6 +40,7 @@ from durable_steps._record import delta as _delta
 from durable_steps.integrations.pydantic_ai import DurableAgent, idempotency_key
 from tests.forkserver import ForkServer
 from tests.pydaichild import read_lines
+from tests.volatile import normalized
 
 pytestmark = pytest.mark.pydantic_ai
 
@@ -60,18 +61,9 @@ def child(tmp: Path, mode: str, crash: str | None = None) -> subprocess.Complete
     return _forks.run(args, cwd=tmp, out=tmp / "child")
 
 
-def transcript(state: dict[str, Any]) -> list[Any]:
-    """The conversation without timestamps and ids that differ between any two runs."""
-    return [
-        [
-            m["kind"],
-            [
-                {k: v for k, v in p.items() if k in ("part_kind", "content", "args", "tool_name")}
-                for p in m["parts"]
-            ],
-        ]
-        for m in state["messages"]
-    ]
+def transcript(state: dict[str, Any]) -> Any:
+    """The conversation without what differs between any two runs (``tests.volatile``)."""
+    return normalized(state["messages"])
 
 
 _reference: dict[str, dict[str, Any]] = {}

@@ -59,6 +59,18 @@ def load_response(data: Any) -> ModelResponse:
     return message
 
 
+def _streamed(recorded: Any) -> bool:
+    """Whether ``recorded`` is a streamed request's record (its response and events).
+
+    Either path replays either record: a step whose re-run asks without
+    streaming what its first attempt streamed (an ``event_stream_handler``
+    dropped, ``run_stream`` changed to ``run``) gets the recorded response; the
+    other way round, a response recorded unstreamed streams back one start
+    event per part.
+    """
+    return isinstance(recorded, dict) and recorded.keys() == {"response", "events"}
+
+
 class JournaledModel(WrapperModel):
     """The agent's model, each request a journaled call of the bound step."""
 
@@ -79,7 +91,10 @@ class JournaledModel(WrapperModel):
             )
             return dump_response(response)
 
-        return load_response(await self._recorded(bound, messages, live))
+        recorded = await self._recorded(bound, messages, live)
+        if _streamed(recorded):  # recorded streamed: the response is the same either way
+            recorded = recorded["response"]
+        return load_response(recorded)
 
     @asynccontextmanager
     async def request_stream(
@@ -109,7 +124,7 @@ class JournaledModel(WrapperModel):
             }
 
         recorded = await self._recorded(bound, messages, live)
-        if isinstance(recorded, dict) and recorded.keys() == {"response", "events"}:
+        if _streamed(recorded):
             response = load_response(recorded["response"])
             replay: bool | list[ModelResponseStreamEvent] = _EVENTS.validate_python(
                 recorded["events"]
@@ -127,10 +142,35 @@ class JournaledModel(WrapperModel):
         replayed). A failed try records nothing, and its retry gets a name of its own
         (see ``integrations._names``, "Model responses").
         """
+        answered = bound.answered(messages)
+        if answered is not None:
+            await self._record_answer(bound, *answered)
         name = bound.request_name(messages)
         title = f"model request {bound.requests} ({self.wrapped.model_name})"
         try:
             return await bound.ctx._acall(name, live, (), {}, title=title)
         except Exception:
-            bound.request_failed(messages)
+            bound.request_failed(messages, name)
             raise
+
+    async def _record_answer(self, bound: Binding, name: str, response: ModelResponse) -> None:
+        """Record, as the failed try's response, the one a hook answered it with.
+
+        The failed try recorded nothing. Asked again on a re-run of the step, a
+        request that failed for a passing reason (a timeout, a 503) would now get
+        the model's own answer, and the run would go on from a transcript the
+        records made after the hook's answer (tool calls, effects and their
+        keys, later responses) never saw. Recorded, the re-run replays the
+        hook's answer as the response. The hook itself does not run again then.
+        """
+        data = dump_response(response)
+        for run_field in ("run_id", "conversation_id"):  # the agent's, set on each run
+            if data.get(run_field) is not None:
+                data[run_field] = None
+
+        async def hooks_answer() -> Any:
+            return data
+
+        title = f"model request {bound.requests} (answered by on_model_request_error)"
+        bound.ctx._release(name)
+        await bound.ctx._acall(name, hooks_answer, (), {}, title=title)

@@ -49,7 +49,13 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import TypeAdapter, ValidationError
 from pydantic_ai.exceptions import ModelRetry
-from pydantic_ai.messages import ModelMessagesTypeAdapter, ModelRequest, ToolReturn, ToolReturnPart
+from pydantic_ai.messages import (
+    ModelMessagesTypeAdapter,
+    ModelRequest,
+    ModelResponse,
+    ToolReturn,
+    ToolReturnPart,
+)
 from pydantic_ai.toolsets import FunctionToolset, WrapperToolset
 from pydantic_ai.usage import RunUsage
 from pydantic_core import PydanticSerializationError, to_json
@@ -92,6 +98,8 @@ class Binding:
     """Failed tries of the last request in this attempt."""
     failed: tuple[int, Any] | None = None
     """The messages of the last request, when its try failed: their count and the last."""
+    failed_name: str = ""
+    """The name of that failed try."""
     tools: set[str] = field(default_factory=set)
 
     def request_name(self, messages: list[Any]) -> str:
@@ -107,13 +115,27 @@ class Binding:
         self.failed = None
         return response_name(self.prefix, self.requests, self.tries, self.ctx._recorded)
 
-    def request_failed(self, messages: list[Any]) -> None:
+    def request_failed(self, messages: list[Any], name: str) -> None:
         """The try just named failed; a request with the same ``messages`` is its retry."""
-        self.failed = (len(messages), messages[-1:])
+        self.failed, self.failed_name = (len(messages), messages[-1:]), name
+
+    def answered(self, messages: list[Any]) -> tuple[str, ModelResponse] | None:
+        """The failed try's name and the response that answered it in its stead, when
+        the request for ``messages`` goes on from one (an ``on_model_request_error``
+        hook returned it): it is in ``messages``, right after the failed try's own.
+        """
+        if self.failed is None or self.failed == (len(messages), messages[-1:]):
+            return None
+        count = self.failed[0]
+        if len(messages) > count and isinstance(messages[count], ModelResponse):
+            return self.failed_name, messages[count]
+        return None
 
     def tool_name(self, run_ctx: RunContext[Any]) -> str:
         call_id = run_ctx.tool_call_id or run_ctx.tool_name or "?"
         name = tool_call_name(self.prefix, call_id)  # (a long id shortened)
+        # Ids repeated within one response never get here: pydantic-ai (2.54 and later)
+        # refuses such a response before any of its tools runs (the run fails, as plainly).
         if name in self.tools:  # a model that reuses ids across responses (TestModel does)
             name = tool_call_name(self.prefix, call_id, f"@{run_ctx.run_step}")
         self.tools.add(name)

@@ -1,0 +1,215 @@
+"""What a hostile review suspected of DurableAgent (issue 36), each checked by a test.
+
+- Two or more tool calls with the same ``tool_call_id`` in one model response
+  (a provider may reuse ids; ``FunctionModel`` lets a test do it): pydantic-ai
+  itself refuses such a response (``UnexpectedModelBehavior``, 2.54 to 2.78)
+  before any tool runs, so no record can be shared: the durable run fails as
+  the plain one does, with no tool called. Were a release to run them, each
+  must get its own record and result (the test's other branch).
+- A request recorded streamed and replayed through the plain request path
+  (or the other way round): it replays as recorded.
+- A first request that failed and was answered by an ``on_model_request_error``
+  hook: what the resumed run sees.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pydantic_ai import Agent, RunContext
+from pydantic_ai.capabilities import AbstractCapability
+from pydantic_ai.exceptions import ModelHTTPError, UnexpectedModelBehavior
+from pydantic_ai.messages import (
+    ModelMessage,
+    ModelResponse,
+    TextPart,
+    ToolCallPart,
+    ToolReturnPart,
+)
+from pydantic_ai.models.function import AgentInfo, DeltaToolCall, FunctionModel
+
+import durable_steps as ds
+from durable_steps.integrations.pydantic_ai import DurableAgent, idempotency_key
+from tests.pydaiscenes import norm_messages
+
+pytestmark = pytest.mark.pydantic_ai
+
+
+def retried(
+    tmp_path: Path, body: Callable[[ds.Context], Awaitable[Any]], names: list[str | None]
+) -> list[Any]:
+    """``body(ctx)`` in a step that fails once after it: what each attempt returned;
+    the names of the calls recorded in ``names``."""
+    wf = ds.Workflow(
+        "review",
+        store=ds.LocalStore(tmp_path),
+        on_event=[lambda e: names.append(e.call) if e.kind == "call_recorded" else None],
+    )
+    seen: list[Any] = []
+
+    @wf.step(retry=ds.Retry(attempts=2, wait=0, on=RuntimeError))
+    async def turn(state: dict[str, Any], ctx: ds.Context) -> None:
+        seen.append(await body(ctx))
+        if ctx.attempt == 1:
+            raise RuntimeError("after the agent run: the retry replays it")
+
+    asyncio.run(wf.arun("r", {}))
+    return seen
+
+
+def test_tool_calls_sharing_an_id_in_one_response_each_get_their_own_record(
+    tmp_path: Path,
+) -> None:
+    """Three calls with one id in one response: refused as plainly (pydantic-ai 2.54
+    to 2.78), or, run, three records and results, each tool call made once."""
+    ran: list[str] = []
+
+    def model(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        if len(messages) == 1:
+            return ModelResponse(
+                parts=[ToolCallPart("look", {"q": q}, tool_call_id="same") for q in "abc"]
+            )
+        returns = [p.content for m in messages for p in m.parts if isinstance(p, ToolReturnPart)]
+        return ModelResponse(parts=[TextPart(f"seen {returns}")])
+
+    agent = Agent(FunctionModel(model))
+
+    @agent.tool_plain
+    async def look(q: str) -> str:
+        ran.append(q)
+        await asyncio.sleep({"a": 0.03, "b": 0.0, "c": 0.01}[q])  # they end out of order
+        return f"looked {q}"
+
+    durable = DurableAgent(agent)
+    names: list[str | None] = []
+    try:
+        plain = asyncio.run(agent.run("go"))
+    except UnexpectedModelBehavior:  # pydantic-ai 2.7x refuses such a response: so must we
+        with pytest.raises(ds.StepFailed) as failed:
+            retried(tmp_path, lambda ctx: durable.run("go", ctx=ctx), names)
+        assert isinstance(failed.value.__cause__, UnexpectedModelBehavior)
+        assert ran == []  # nor does the durable run call any tool
+        assert not any(n and n.startswith("tool:") for n in names)
+        return
+    assert plain.output == "seen ['looked a', 'looked b', 'looked c']"
+    ran.clear()
+
+    async def body(ctx: ds.Context) -> Any:
+        result = await durable.run("go", ctx=ctx)
+        return result.output, norm_messages(result.all_messages())
+
+    seen = retried(tmp_path, body, names)
+    assert seen == [(plain.output, norm_messages(plain.all_messages()))] * 2
+    assert sorted(ran) == ["a", "b", "c"]  # once each: the retry replayed them
+    assert len([n for n in names if n and n.startswith("tool:")]) == 3
+
+
+def both_paths() -> tuple[DurableAgent, list[str]]:
+    """An agent whose model answers the same streamed and not: a tool call, then text;
+    and the paths its requests took."""
+    paths: list[str] = []
+
+    def parts(messages: list[ModelMessage]) -> list[Any]:
+        if len(messages) == 1:
+            return [ToolCallPart("lookup", {"order": 42}, tool_call_id="c1")]
+        return [TextPart("the total is 20")]
+
+    def plain(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        paths.append("plain")
+        return ModelResponse(parts=parts(messages))
+
+    async def streamed(messages: list[ModelMessage], info: AgentInfo) -> AsyncIterator[Any]:
+        paths.append("stream")
+        part = parts(messages)[0]
+        if isinstance(part, ToolCallPart):
+            yield {0: DeltaToolCall(name=part.tool_name, tool_call_id=part.tool_call_id)}
+            yield {0: DeltaToolCall(json_args=part.args_as_json_str())}
+        else:
+            yield part.content
+
+    agent: Agent[None, str] = Agent(FunctionModel(plain, stream_function=streamed))
+
+    @agent.tool_plain
+    def lookup(order: int) -> dict[str, int]:
+        return {"order": order, "total": 20}
+
+    return DurableAgent(agent), paths
+
+
+@pytest.mark.parametrize("first", ["stream", "plain"])
+def test_a_request_recorded_on_one_path_replays_on_the_other(tmp_path: Path, first: str) -> None:
+    """Streamed in the first attempt (an ``event_stream_handler``), asked plainly in the
+    re-run, or the other way round: the re-run replays the recorded responses (no
+    request is asked again) and gives the same output and messages."""
+    durable, paths = both_paths()
+
+    async def handler(run_ctx: Any, events: AsyncIterator[Any]) -> None:
+        async for _ in events:
+            pass
+
+    async def body(ctx: ds.Context) -> Any:
+        streams = (ctx.attempt == 1) == (first == "stream")
+        kwargs = {"event_stream_handler": handler} if streams else {}
+        result = await durable.run("go", ctx=ctx, **kwargs)
+        return result.output, norm_messages(result.all_messages())
+
+    seen = retried(tmp_path, body, [])
+    assert seen[0] == seen[1]
+    assert seen[0][0] == "the total is 20"
+    assert paths == [first, first]  # the re-run asked nothing
+
+
+class Answer(AbstractCapability[None]):
+    """Answers a refused request itself, with a lookup (``on_model_request_error``)."""
+
+    async def on_model_request_error(
+        self, ctx: Any, *, request_context: Any, error: Exception
+    ) -> Any:
+        if not isinstance(error, ModelHTTPError):
+            raise error
+        return ModelResponse(parts=[ToolCallPart("lookup", {}, tool_call_id="c0")])
+
+
+def test_a_request_a_hook_answered_replays_the_hooks_answer(tmp_path: Path) -> None:
+    """The first request fails once (a transient error) and a hook answers it: the
+    re-run sees the hook's answer again, not the model's answer asked anew, so the
+    records after it (the refund, its key) meet the transcript they were made on."""
+    asked: list[int] = []
+    refunds: list[str] = []
+
+    def model(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        asked.append(len(messages))
+        if len(asked) == 1:
+            raise ModelHTTPError(503, "function", "busy")
+        calls = [p.tool_name for m in messages for p in m.parts if isinstance(p, ToolCallPart)]
+        if "refund" not in calls:
+            return ModelResponse(parts=[ToolCallPart("refund", {}, tool_call_id=f"r{len(asked)}")])
+        return ModelResponse(parts=[TextPart("done")])
+
+    agent = Agent(FunctionModel(model), capabilities=[Answer()])
+
+    @agent.tool_plain
+    def lookup() -> str:
+        return "found"
+
+    @agent.tool
+    def refund(run_ctx: RunContext[None]) -> str:
+        refunds.append(idempotency_key(run_ctx))
+        return "ok"
+
+    durable = DurableAgent(agent, effects={"refund"})
+
+    async def body(ctx: ds.Context) -> Any:
+        result = await durable.run("go", ctx=ctx)
+        return result.output, norm_messages(result.all_messages())
+
+    seen = retried(tmp_path, body, [])
+    assert seen[0] == seen[1]
+    assert [p["part_kind"] for p in seen[0][1][1]["parts"]] == ["tool-call"]
+    assert seen[0][1][1]["parts"][0]["tool_name"] == "lookup"  # the hook's answer, again
+    assert len(refunds) == 1  # one refund, one key
+    assert len(asked) == 3  # the failed try and two answers: the re-run asked nothing
