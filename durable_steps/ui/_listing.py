@@ -25,7 +25,7 @@ from typing import Any
 from .. import _index
 from .._drivers import drive_sync
 from .._record import checkpoint as ckpt
-from ..cli._indexed import _read, covered, finished_heads, locate_indexed, run_key, through_markers
+from ..cli._indexed import _read, _updated, covered, done, locate_indexed, run_key, through_markers
 from ..cli._ls import ls_row
 from ..cli._runs import RunInfo, find_runs
 from ..errors import DefinitionError
@@ -221,8 +221,9 @@ def list_runs(
         runs = [r for r in lives if r.status == status]
     else:
         runs = list(lives)
-        if len(runs) <= limit:  # then the finished ones, as ls reads them
-            runs += _vetted(finished_heads(store, workflow, limit + 1 - len(runs), extra=over))
+        if len(runs) <= limit:  # then the finished ones, newest first
+            entries = done(store, workflow, limit + 1 - len(runs))
+            runs += _newest(_heads(store, entries), over, limit + 1 - len(runs))
     rows = [_row(r, now) for r in runs[:limit]]
     return Listing(rows, len(runs) > limit, counts, workflows, problem=problem)
 
@@ -253,12 +254,7 @@ def _finished(
                     break
     entries.sort(key=lambda e: -(e.finished or 0.0))
     found = _read(store, [(e.workflow, e.run_id, frozenset()) for e in entries[:limit]])
-    runs = {run_key(r): r for r in found if r.status == status}
-    for run in over:
-        if run.status == status:
-            runs.setdefault(run_key(run), run)
-    newest = sorted(runs.values(), key=lambda r: -float((r.header or {}).get("updated_at") or 0))
-    return _vetted(newest[:limit]), capped
+    return _newest(_vetted(found), [r for r in over if r.status == status], limit), capped
 
 
 def _unindexed(
@@ -283,3 +279,18 @@ def _unindexed(
     names = sorted({*workflows, *(r.workflow for r in runs)})
     # An empty store (or one not made yet) is not an old one: nothing to reindex.
     return Listing(rows, len(runs) > limit, counts, names, indexed=not counts)
+
+
+def _heads(store: Store, entries: list[_index.Entry]) -> list[RunInfo]:
+    """The heads of finished runs' done entries (gone ones left out), read in parallel."""
+    return _vetted(_read(store, [(e.workflow, e.run_id, frozenset()) for e in entries]))
+
+
+def _newest(heads: list[RunInfo], over: Sequence[RunInfo], limit: int) -> list[RunInfo]:
+    """``heads`` (read through done entries) and ``over`` (finished runs a crash left
+    with only a ``running`` marker), each run once, the newest first, at most ``limit``.
+    """
+    runs = {run_key(r): r for r in heads}
+    for run in over:
+        runs.setdefault(run_key(run), run)
+    return sorted(runs.values(), key=lambda r: -_updated(r))[:limit]
