@@ -27,6 +27,7 @@ pytest.importorskip("starlette", reason="the ui extra is not installed")
 pytest.importorskip("uvicorn", reason="the ui extra is not installed")
 
 import durable_steps as ds
+from durable_steps._record import checkpoint as ckpt
 from tests.test_ui_http import _own_address, failed_run, fetch, free_port, message, token_of
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -44,7 +45,7 @@ class Ui:
     """``durable-steps ui`` in a child process."""
 
     def __init__(self, store: Path, *options: str) -> None:
-        self.port = free_port()
+        self.store, self.port = store, free_port()
         env = {**os.environ, "PYTHONPATH": str(ROOT), "FORWARDED_ALLOW_IPS": "*"}
         command = [sys.executable, "-m", "durable_steps", "--store", str(store), "ui"]
         self.proc = subprocess.Popen(
@@ -93,7 +94,9 @@ def ui(tmp_path: Path) -> Iterator[Any]:
 
 
 def _delete(ui: Ui, host: str, token: str, **headers: str) -> tuple[int, str]:
-    fields = {"action": "delete", "workflow": "w", "run_id": "r1", "token": token}
+    found = ds.LocalStore(ui.store).get("w/r1/checkpoint")
+    nonce = "" if found is None else ckpt.decode(found[0], where="test")[0].run_nonce
+    fields = {"action": "delete", "workflow": "w", "run_id": "r1", "token": token, "nonce": nonce}
     code, _, body = fetch(
         f"http://{host}:{ui.port}/actions", {**fields, "confirm": "yes"}, headers or None
     )

@@ -18,8 +18,9 @@ pytest.importorskip("uvicorn", reason="the ui extra is not installed")
 
 import durable_steps as ds
 from durable_steps.cli import _main
+from durable_steps.cli._runs import load
 from durable_steps.ui import _listing
-from tests.test_ui_http import fetch, serve  # noqa: F401 (a fixture)
+from tests.test_ui_http import fetch, message, serve  # noqa: F401 (a fixture)
 
 ROOT = Path(__file__).resolve().parent.parent
 CHILD = ROOT / "tests" / "indexchild.py"
@@ -72,3 +73,56 @@ def test_a_run_killed_before_its_done_entry_is_listed_as_ls_lists_it(
     assert json.loads(body)["rows"] == []
     _, _, html = fetch(app.url + "/")
     assert "/runs/desk/r" in html
+
+
+def _waiting(store: ds.Store, run_id: str = "r") -> str:
+    """A run of desk waiting for 'approval'; its nonce."""
+    from tests.indexchild import desk
+
+    with pytest.raises(ds.RunSuspended):
+        desk(store).run(run_id, {"wait": True})
+    return load(store, "desk", run_id)[0].run_nonce
+
+
+def _recreated(store: ds.LocalStore) -> str:
+    """desk/r deleted and created again under the same id (another nonce)."""
+    assert _main.main(["--store", str(store.root), "rm", "desk/r", "--force"]) == 0
+    return _waiting(store)
+
+
+@pytest.mark.parametrize("action", ["delete", "fork", "signal"])
+def test_yes_acts_only_on_the_run_it_was_confirmed_for(
+    serve: Any,  # noqa: F811
+    tmp_path: Path,
+    action: str,
+) -> None:
+    """The run page's delete, fork and signal forms carry the run's nonce. An id
+    deleted and created again between "confirm" and "yes": "yes" does nothing to the
+    new run and says the run changed since you confirmed; a confirmation asked for the
+    old page's form is refused too."""
+    store = ds.LocalStore(tmp_path / "s")
+    old = _waiting(store)
+    app = serve(store)
+    _, _, html = fetch(app.url + "/runs/desk/r")
+    assert f'name="nonce" value="{old}"' in html
+    fields = {"action": action, "workflow": "desk", "run_id": "r", "token": app.config.token}
+    fields.update(nonce=old, signal="approval", payload='{"approved": true}', new_run="f")
+    code, _, confirm = fetch(app.url + "/actions", fields)
+    assert code == 200
+    assert 'name="confirm" value="yes"' in confirm
+    new = _recreated(store)
+    assert new != old
+    code, _, body = fetch(app.url + "/actions", {**fields, "confirm": "yes"})
+    assert code == 409, body
+    assert "changed since you confirmed" in message(body)
+    assert load(store, "desk", "r")[0].run_nonce == new
+    assert store.get("desk/f/checkpoint") is None
+    assert not list(store.list("desk/r/signals/"))
+    code, _, body = fetch(app.url + "/actions", fields)  # the old page's form, again
+    assert code == 409
+    assert "changed since its page was shown" in message(body)
+    code, _, body = fetch(app.url + "/actions", {**fields, "nonce": "", "confirm": "yes"})
+    assert code == 400
+    assert "which run it was shown for" in message(body)
+    code, _, body = fetch(app.url + "/actions", {**fields, "nonce": new, "confirm": "yes"})
+    assert code == 200, body  # the new run's own page acts on it

@@ -66,6 +66,9 @@ class RunPage:
     """Why there is no delete button (empty: there is one): what ``rm`` would refuse."""
     signature: _signed.Signature | None = None
     """Whether the head was verified; its warning is shown above everything else."""
+    nonce: str = ""
+    """The run's nonce: every form carries it, so "yes" acts only on this run, not on
+    one created under its id since (``_actions``)."""
 
     @property
     def name(self) -> str:
@@ -141,6 +144,7 @@ def run_page(
         fields.insert(2, ("lease", f"ends {timestamp(end, now)}"))
     out = RunPage(workflow, run_id, status, next_hint(header, sent_at), fields)
     out.signature = signature
+    out.nonce = header.run_nonce
     out.finished = header.status in _FINISHED
     _sections(out, header, sent_at, now)
     out.doubt_keys = json.dumps(doubt_keys(header))
