@@ -6,6 +6,8 @@ on the run it was shown for. A real uvicorn server, real requests, a real SIGKIL
 from __future__ import annotations
 
 import json
+import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -126,3 +128,82 @@ def test_yes_acts_only_on_the_run_it_was_confirmed_for(
     assert "which run it was shown for" in message(body)
     code, _, body = fetch(app.url + "/actions", {**fields, "nonce": new, "confirm": "yes"})
     assert code == 200, body  # the new run's own page acts on it
+
+
+REPLY = """
+import os, sys
+import durable_steps as ds
+wf = ds.Workflow("support", store=sys.argv[1])
+@wf.step(idempotent=False, in_doubt="raise")
+def reply(state):
+    state["sent"] = True  # the email went out
+    if os.environ.get("CRASH"):
+        os._exit(17)  # killed after the send, before the commit
+    state["done"] = True
+try:
+    wf.run("t1", {})
+except ds.StepInDoubt:
+    print("IN DOUBT")
+"""
+
+
+def test_resolving_a_step_as_fired_says_its_changes_to_the_state_are_lost(
+    serve: Any,  # noqa: F811
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A step (idempotent=False, in_doubt="raise") killed after its side effect: where
+    the person decides whether it fired -- show's hint, the page's resolve form and its
+    confirmation, resolve's own message -- it is said that --fired drops the step's
+    changes to the state, pointing to ctx.effect and reconcile=."""
+    script = tmp_path / "reply.py"
+    script.write_text(REPLY)
+    where = str(tmp_path / "s")
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    for crash in ("1", ""):
+        done = subprocess.run(
+            [sys.executable, str(script), where],
+            env={**env, "CRASH": crash},
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        assert done.returncode == (17 if crash else 0), done.stderr
+    assert done.stdout.strip() == "IN DOUBT"
+
+    def said(text: str) -> None:
+        flat = " ".join(text.split())
+        for words in ("changes to the state are lost", "ctx.effect", "reconcile="):
+            assert words in flat, flat
+
+    assert _main.main(["--store", where, "show", "support/t1"]) == 0
+    said(capsys.readouterr().out)
+    store = ds.LocalStore(tmp_path / "s")
+    app = serve(store)
+    _, _, html = fetch(app.url + "/runs/support/t1")
+    note = re.search(r'id="fired-note">(.*?)</p>', html, re.S)
+    assert note, html
+    said(note[1])
+    keys = re.search(r'name="doubt" value="([^"]+)"', html)
+    assert keys
+    nonce = load(store, "support", "t1")[0].run_nonce
+    fields = {"action": "resolve", "workflow": "support", "run_id": "t1", "fired": "yes"}
+    fields.update(token=app.config.token, nonce=nonce, doubt=keys[1].replace("&#34;", '"'))
+    code, _, confirm = fetch(app.url + "/actions", fields)
+    assert code == 200
+    said(confirm)
+    assert _main.main(["--store", where, "resolve", "support/t1", "--fired"]) == 0
+    said(capsys.readouterr().out)
+
+
+def test_an_effect_in_doubt_gets_no_such_note(serve: Any, tmp_path: Path) -> None:  # noqa: F811
+    """Resolving an effect as fired re-runs its step (ctx.effect returns the result):
+    nothing is lost, and the form says nothing of it."""
+    from tests.test_ui_http import pay
+
+    pay(tmp_path, crash="A")
+    app = serve(ds.LocalStore(tmp_path / "s"))
+    _, _, html = fetch(app.url + "/runs/pay/o1")
+    assert 'id="resolve-form"' in html
+    assert 'id="fired-note"' not in html

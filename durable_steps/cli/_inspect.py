@@ -48,6 +48,7 @@ from ._format import (
 )
 from ._indexed import locate
 from ._runs import (
+    FIRED_SKIPS_STEP,
     effect_label,
     load,
     open_effects,
@@ -111,6 +112,8 @@ def _doubt(header: ckpt.Checkpoint, intent: dict[str, Any]) -> tuple[str, str]:
         f"`{cmd()} resolve {header.run} --fired` (it did: the rerun {skips}) or "
         "`--not-fired` (the rerun fires it again with the same key)"
     )
+    if not effect:
+        resolve += f". Note: {FIRED_SKIPS_STEP}"
     what = f"effect {intent.get('label')} of step " if effect else ""
     return f"{what}{intent.get('step', step)!r} may have fired (key {intent.get('key')})", resolve
 

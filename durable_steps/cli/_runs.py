@@ -25,6 +25,7 @@ from ._base import EXIT_NOT_FOUND, EXIT_REFUSED, CommandError, cmd
 from ._format import clean, human_age, run_size
 
 __all__ = [
+    "FIRED_SKIPS_STEP",
     "RunInfo",
     "effect_label",
     "find_runs",
@@ -35,6 +36,19 @@ __all__ = [
     "run_status",
     "status_of",
 ]
+
+
+FIRED_SKIPS_STEP = (
+    "resolving a step as fired skips it, so its changes to the state are lost (a flag it "
+    "sets stays unset, and a later pass may do its work again). If the service "
+    "deduplicates by the key, resolving as not fired re-runs the step with the same key "
+    "and keeps them; otherwise make the side effect a ctx.effect inside the step (the step "
+    "then re-runs and gets the effect's recorded result) or give the step reconcile= to set "
+    "the state (see concepts/idempotency.md)"
+)
+"""Said wherever a person resolves a *step* in doubt as fired (``show``'s hint,
+``resolve``'s message, the page's form): what ``fired=True`` drops. An effect
+in doubt is different: its step runs again and gets the recorded result."""
 
 
 def peek_header(data: bytes, workflow: str, run_id: str) -> dict[str, Any] | None:

@@ -49,7 +49,7 @@ from ..cli._cleanup import _cmd_rm
 from ..cli._deploys import _cmd_fork
 from ..cli._doubt import _cmd_resolve
 from ..cli._format import Style
-from ..cli._runs import effect_label, load, open_effects
+from ..cli._runs import FIRED_SKIPS_STEP, effect_label, load, open_effects
 from ..cli._waiting import _cmd_signal
 from ..errors import DefinitionError, DurableStepsError
 from ..stores import Store, command_hint
@@ -264,6 +264,8 @@ def describe(request: Request, store: Store) -> list[str]:
                 f"Record that {named} in run {run} took effect: the next run counts "
                 "it as done without calling it again."
             ]
+            if any(now[k].startswith("step ") for k in request.doubt):
+                lines.append(f"Note: {FIRED_SKIPS_STEP}.")
             if request.has_result:
                 lines.append(
                     f"The result {json.dumps(request.result)} is recorded as what the effect "
