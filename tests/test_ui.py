@@ -361,10 +361,13 @@ def test_another_origin_cannot_act(served: Served, page: Any) -> None:
     finally:
         evil.shutdown()
         evil.server_close()
+    found = served.store.get(ckpt.checkpoint_key("support-agent", "ticket-4411"))
+    assert found is not None
     fields = {
         "action": "signal",
         "workflow": "support-agent",
         "run_id": "ticket-4411",
+        "nonce": ckpt.decode(found[0], where="test")[0].run_nonce,
         "signal": "approval",
         "payload": "true",
         "confirm": "yes",

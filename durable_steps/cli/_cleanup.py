@@ -65,6 +65,7 @@ from ._runs import (
     open_effects,
     owner_text,
     peek_header,
+    pinned,
     run_status,
 )
 
@@ -79,6 +80,7 @@ def _cmd_rm(args: argparse.Namespace, store: Store, style: Style) -> int:
     name, key = f"{workflow}/{run_id}", ckpt.checkpoint_key(workflow, run_id)
     found = store.get(key)
     if found is None:
+        pinned(args, name, None)  # the page's run is gone: its parts may be a new one's
         left = _delete_parts(store, workflow, run_id)
         _forget(store, workflow, run_id, None)
         if left:  # an rm or prune that stopped between the head and the parts
@@ -98,6 +100,7 @@ def _cmd_rm(args: argparse.Namespace, store: Store, style: Style) -> int:
             "(remove it with your storage's own tools if it is not needed)",
             EXIT_REFUSED,
         )
+    pinned(args, name, header.get("run_nonce"))  # the delete below is conditional on it
     status = run_status(
         str(header.get("status")),
         header.get("owner"),

@@ -35,7 +35,7 @@ from ._base import (
 )
 from ._format import Style, clean
 from ._indexed import covered, live, locate
-from ._runs import effect_label, find_runs, load, open_effects, status_of
+from ._runs import effect_label, find_runs, load, open_effects, pinned, status_of
 
 __all__ = ["register"]
 
@@ -172,6 +172,7 @@ def _cmd_fork(args: argparse.Namespace, store: Store, style: Style) -> int:
         store = workflow.store
     name, run_id = locate(store, args.run)
     header, _, _ = load(store, name, run_id)  # exit 3 when it does not exist
+    pinned(args, header.run, header.run_nonce)
     if workflow is not None:
         _same_workflow(workflow, name, run_id)
         serializer = workflow.serializer

@@ -20,7 +20,7 @@ from ..stores import Store
 from ._base import EXIT_OK, EXIT_REFUSED, RUN_HELP, CommandError, json_argument, run_ref
 from ._format import Style, echo, status_label
 from ._indexed import locate
-from ._runs import effect_label, load, open_effects, run_status
+from ._runs import FIRED_SKIPS_STEP, effect_label, load, open_effects, run_status
 
 __all__ = ["register"]
 
@@ -81,6 +81,8 @@ def _cmd_resolve(args: argparse.Namespace, store: Store, style: Style) -> int:
         shown = shown if len(shown) <= 200 else f"{shown[:197]}..."
         what += f"; the result {shown} was recorded: its ctx.effect returns it"
     echo(f"resolved {header.run}: {', '.join(resolved)} {what}. Rerun the workflow.")
+    if intent and args.fired:  # said where the person decides, not only in the docs
+        echo(f"note: {FIRED_SKIPS_STEP}.")
     return EXIT_OK
 
 
@@ -92,8 +94,10 @@ def register(command: Callable[..., Any]) -> None:
         "tell an in-doubt run whether its step took effect",
         "Record whether the pending step of an in-doubt run took effect. Check with the "
         "service it calls, using the idempotency key `show` prints. --fired: the next run "
-        "counts the step as done without calling it. --not-fired: the next run fires it "
-        "again with the same key. The run is not started here: rerun the workflow.",
+        "counts the step as done without calling it, so the step's changes to the state are "
+        "lost (an effect in doubt inside a step is different: the step runs again and its "
+        "ctx.effect returns --result). --not-fired: the next run fires it again with the "
+        "same key. The run is not started here: rerun the workflow.",
     )
     resolve.add_argument("run", metavar="RUN", type=run_ref, help=RUN_HELP)
     how = resolve.add_mutually_exclusive_group(required=True)

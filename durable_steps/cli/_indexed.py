@@ -30,10 +30,12 @@ __all__ = [
     "covered",
     "done",
     "finished",
+    "finished_heads",
     "live",
     "locate",
     "locate_indexed",
     "recent",
+    "through_markers",
 ]
 
 
@@ -66,10 +68,10 @@ def live(store: Store, workflow: str | None, limit: int | None = None) -> list[R
     """The live runs the index lists, the most recently changed first (at most
     ``limit``), each head read (finished ones left out).
     """
-    return _through_markers(store, workflow, limit)[0]
+    return through_markers(store, workflow, limit)[0]
 
 
-def _through_markers(
+def through_markers(
     store: Store, workflow: str | None, limit: int | None = None, *, only: str | None = None
 ) -> tuple[list[RunInfo], list[RunInfo]]:
     """The runs the live markers name (at most ``limit``; with ``only``, those with a
@@ -95,7 +97,7 @@ def _signals(live: _index_read.Live) -> frozenset[str]:
 
 def done(store: Store, workflow: str | None, limit: int | None) -> list[_index.Entry]:
     """The finished runs of ``workflow`` (None: every registered one), newest first,
-    as their done entries say (unchecked: :func:`_finished_heads` checks them).
+    as their done entries say (unchecked: :func:`finished_heads` checks them).
     """
     names = [workflow] if workflow else sorted(drive_sync(_index.workflows(), store))
     entries: list[_index.Entry] = []
@@ -126,7 +128,7 @@ def _entries(
     return entries
 
 
-def _finished_heads(
+def finished_heads(
     store: Store,
     workflow: str | None,
     limit: int | None,
@@ -235,21 +237,21 @@ def finished(store: Store, workflow: str | None, status: str, limit: int | None)
     ``limit``: by their done entries, and the runs whose last head a crash left with
     only their ``running`` marker (each such head read: what is live, at most).
     """
-    _, over = _through_markers(store, workflow, only="running")
-    return _finished_heads(store, workflow, limit, status=status, extra=over)
+    _, over = through_markers(store, workflow, only="running")
+    return finished_heads(store, workflow, limit, status=status, extra=over)
 
 
 def recent(store: Store, workflow: str | None, limit: int | None) -> list[RunInfo]:
     """The newest runs, live and finished: the live ones first, then the recently
     finished, at most ``limit`` in all (None: every one).
     """
-    runs, over = _through_markers(store, workflow, limit)
+    runs, over = through_markers(store, workflow, limit)
     if limit is not None and len(runs) >= limit:
         return runs[:limit]
     left = None if limit is None else limit - len(runs)
     shown = {run_key(r) for r in runs}
     finished = [
-        r for r in _finished_heads(store, workflow, left, extra=over) if run_key(r) not in shown
+        r for r in finished_heads(store, workflow, left, extra=over) if run_key(r) not in shown
     ]
     return runs + finished
 

@@ -7,6 +7,7 @@ import os
 import pprint
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from .. import _deploy
@@ -42,17 +43,17 @@ from ._format import (
     human_duration,
     human_size,
     json_text,
-    run_size,
     table,
     timestamp,
 )
 from ._indexed import locate
 from ._runs import (
+    FIRED_SKIPS_STEP,
+    RunInfo,
     effect_label,
     load,
     open_effects,
     owner_text,
-    peek_header,
     status_of,
 )
 from ._waiting import signal_sent, wait_hint, wait_lines
@@ -111,6 +112,8 @@ def _doubt(header: ckpt.Checkpoint, intent: dict[str, Any]) -> tuple[str, str]:
         f"`{cmd()} resolve {header.run} --fired` (it did: the rerun {skips}) or "
         "`--not-fired` (the rerun fires it again with the same key)"
     )
+    if not effect:
+        resolve += f". Note: {FIRED_SKIPS_STEP}"
     what = f"effect {intent.get('label')} of step " if effect else ""
     return f"{what}{intent.get('step', step)!r} may have fired (key {intent.get('key')})", resolve
 
@@ -426,6 +429,22 @@ def _trace(header: ckpt.Checkpoint) -> str:
     return format(ckpt.trace_ids(header.workflow, header.run_id, header.run_nonce)[0], "032x")
 
 
+def _as_json(store: Store, header: ckpt.Checkpoint, data: bytes) -> dict[str, Any]:
+    """``show --json``: ``ls --json``'s object for the run (one shape: ``.intent.key``),
+    with ``head_size`` (the head alone), ``trace_id``, and ``header``, the stored
+    line, kept for one release (scripts of 0.1 read ``.header.intent.key``).
+    """
+    from ._ls import summary  # _ls imports this module
+
+    key, wait = ckpt.checkpoint_key(header.workflow, header.run_id), header.wait or {}
+    sent = wait.get("signal") if signal_sent(store, header) is not None else None
+    run = RunInfo.parse(header.workflow, header.run_id, key, data, "")
+    run = replace(run, signals=frozenset([sent] if sent else []))
+    doc = summary(run, time.time())
+    doc.update(head_size=len(data), trace_id=_trace(header), header=run.header)
+    return doc
+
+
 def _cmd_show(args: argparse.Namespace, store: Store, style: Style) -> int:
     app = app_on_store(args, store) if args.app else None
     if app is not None:  # where the app's workers would look, as `plan --app`
@@ -438,16 +457,7 @@ def _cmd_show(args: argparse.Namespace, store: Store, style: Style) -> int:
         else None
     )
     if args.json:
-        raw = peek_header(data, header.workflow, header.run_id)
-        # ``size`` as ``ls --json`` has it (the head and the parts it lists),
-        # ``head_size`` the head object's own bytes.
-        doc: dict[str, Any] = {
-            "run": header.run,
-            "size": run_size(len(data), raw),
-            "head_size": len(data),
-            "trace_id": _trace(header),
-            "header": raw,
-        }
+        doc = _as_json(store, header, data)
         if args.state:
             doc["state"] = state
         print(json_text(doc))
@@ -479,7 +489,13 @@ def register(command: Callable[..., Any]) -> None:
         help="allow --state to unpickle a pickle state (runs code chosen by whoever wrote "
         f"it; a signed one also needs ${SIGNING_KEY_ENV})",
     )
-    show.add_argument("--json", action="store_true", help="the header (and state) as JSON")
+    show.add_argument(
+        "--json",
+        action="store_true",
+        help="the run as JSON: ls --json's object for it (.intent.key, .status, ...), with "
+        "head_size, trace_id, its state with --state, and header (the stored header line; "
+        "deprecated, kept for one release)",
+    )
     show.add_argument(
         "--app",
         metavar="MODULE:WORKFLOW",

@@ -9,6 +9,7 @@ only its own process knows that it is over.
 
 from __future__ import annotations
 
+import argparse
 import os
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -20,19 +21,34 @@ from .._record import checkpoint as ckpt
 from ..errors import CorruptCheckpoint
 from ..serializers import SIGNED_SUFFIX, SIGNING_KEY_ENV, JSONSerializer, SignedSerializer
 from ..stores import Store
-from ._base import EXIT_NOT_FOUND, CommandError, cmd
+from ._base import EXIT_NOT_FOUND, EXIT_REFUSED, CommandError, cmd
 from ._format import clean, human_age, run_size
 
 __all__ = [
+    "FIRED_SKIPS_STEP",
     "RunInfo",
     "effect_label",
     "find_runs",
     "load",
     "owner_text",
     "peek_header",
+    "pinned",
     "run_status",
     "status_of",
 ]
+
+
+FIRED_SKIPS_STEP = (
+    "resolving a step as fired skips it, so its changes to the state are lost (a flag it "
+    "sets stays unset, and a later pass may do its work again). If the service "
+    "deduplicates by the key, resolving as not fired re-runs the step with the same key "
+    "and keeps them; otherwise make the side effect a ctx.effect inside the step (the step "
+    "then re-runs and gets the effect's recorded result) or give the step reconcile= to set "
+    "the state (see concepts/idempotency.md)"
+)
+"""Said wherever a person resolves a *step* in doubt as fired (``show``'s hint,
+``resolve``'s message, the page's form): what ``fired=True`` drops. An effect
+in doubt is different: its step runs again and gets the recorded result."""
 
 
 def peek_header(data: bytes, workflow: str, run_id: str) -> dict[str, Any] | None:
@@ -204,3 +220,18 @@ def load(store: Store, workflow: str, run_id: str) -> tuple[ckpt.Checkpoint, byt
     if (header.workflow, header.run_id) != (workflow, run_id):
         raise CorruptCheckpoint(f"{key!r} holds the checkpoint of another run ({header.run})")
     return header, payload, found[0]
+
+
+def pinned(args: argparse.Namespace, run: str, nonce: object) -> None:
+    """Refuse (exit 4, nothing changed) when ``run`` is not the run a confirmation was
+    shown for: the web page passes the nonce of the run its page showed
+    (``expect_nonce``), and an id deleted and created again has another one.
+    """
+    expected = getattr(args, "expect_nonce", None)
+    if expected is not None and nonce != expected:
+        now = "it is gone" if nonce is None else "it was deleted and created again"
+        raise CommandError(
+            f"run {run} changed since you confirmed ({now}: another run under that id); "
+            "nothing was changed: reload the run's page and decide again",
+            EXIT_REFUSED,
+        )

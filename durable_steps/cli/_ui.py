@@ -43,6 +43,7 @@ def _cmd_ui(args: argparse.Namespace, store: Store, style: Style) -> int:
         read_only=args.read_only,
         unsafe_unpickle=args.unsafe_unpickle,
         allow_hosts=tuple(h.lower() for h in args.allow_host or ()),
+        trust_proxy=args.trust_proxy,
     )
     shown = f"[{args.host}]" if ":" in args.host else args.host
     mode = " (read-only)" if args.read_only else ""
@@ -56,7 +57,24 @@ def _cmd_ui(args: argparse.Namespace, store: Store, style: Style) -> int:
             "it uses).",
             stream=sys.stderr,
         )
-    uvicorn.run(create_app(config), host=args.host, port=args.port, log_level="warning", ws="none")
+    if args.trust_proxy and not _loopback(args.host):
+        echo(
+            f"{PROG} ui: warning: --trust-proxy with --host {args.host}: only requests from "
+            "this machine's loopback may act, so the proxy must be on this machine; keep the "
+            "page on loopback (the default --host) behind it",
+            stream=sys.stderr,
+        )
+    # proxy_headers=False: "this machine" is the socket's peer. uvicorn's default
+    # takes the client from X-Forwarded-For for peers in $FORWARDED_ALLOW_IPS
+    # (``*`` in many container images): anyone could then say 127.0.0.1.
+    uvicorn.run(
+        create_app(config),
+        host=args.host,
+        port=args.port,
+        log_level="warning",
+        ws="none",
+        proxy_headers=False,
+    )
     return EXIT_OK
 
 
@@ -78,7 +96,9 @@ def register(command: Callable[..., Any]) -> None:
         "journaled calls and effects with their keys, waits, failures), its owner and lease, "
         "its state; and the actions of signal, resolve, fork and rm, each confirmed first. "
         "Listens on loopback unless --host says otherwise; actions are taken only from "
-        "loopback, and every action needs a token only the page it served holds. "
+        "loopback (the connection's address, never a header), and every action needs a token "
+        "only the page it served holds; a request a proxy forwarded (X-Forwarded-For) only "
+        "reads unless --trust-proxy. "
         "Needs the ui extra: pip install 'durable-steps[ui]'.",
     )
     ui.add_argument(
@@ -90,6 +110,12 @@ def register(command: Callable[..., Any]) -> None:
         metavar="NAME",
         help="another name the page may be reached by (the Host header; repeatable): "
         "a reverse proxy's or this machine's DNS name",
+    )
+    ui.add_argument(
+        "--trust-proxy",
+        action="store_true",
+        help="let requests forwarded by a reverse proxy on this machine act (they carry "
+        "X-Forwarded-For): only when that proxy authenticates people; without it, they read only",
     )
     ui.add_argument("--port", type=_port, default=8765, help="the port (default: %(default)s)")
     ui.add_argument(

@@ -35,7 +35,7 @@ from ._base import (
 )
 from ._format import Style, clean, echo, human_age, timestamp
 from ._indexed import locate
-from ._runs import load
+from ._runs import load, pinned
 
 __all__ = ["register", "signal_sent", "wait_hint", "wait_lines", "waiting_for"]
 
@@ -152,6 +152,7 @@ def _cmd_signal(args: argparse.Namespace, store: Store, style: Style) -> int:
     payload = None if args.data is None else json_argument(args.data, "--data")
     workflow, run_id = locate(store, args.run)
     header, _, _ = load(store, workflow, run_id)  # exit 3 when it does not exist
+    pinned(args, header.run, header.run_nonce)
     key = os.environ.get(SIGNING_KEY_ENV)
     if not key and header.serializer.endswith(SIGNED_SUFFIX):
         # Unsigned, it would take the name for good and be refused by the run.

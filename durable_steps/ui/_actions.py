@@ -16,6 +16,13 @@ and ``--force`` is never passed: a person who needs it uses the CLI.
 :func:`describe` is the confirmation page's text: what will happen, in the
 words of the command's own help.
 
+Every action is pinned to the run its page showed: each form carries the
+run's nonce, the confirmation reads the run again and refuses another one,
+and "yes" passes the nonce to the command (``expect_nonce``: ``rm`` deletes
+only if its conditional delete finds that run; ``signal`` and ``fork`` check
+it on the head they read before writing). An id deleted and created again
+between "confirm" and "yes" is another run: nothing is done to it.
+
 A resolution names what it resolves. The run page's form carries the keys of
 what it showed in doubt; the confirmation reads the run again and names each
 (refusing when it is no longer that), and the resolution itself is written
@@ -32,7 +39,7 @@ import contextlib
 import io
 import json
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from .._record import checkpoint as ckpt
@@ -42,7 +49,7 @@ from ..cli._cleanup import _cmd_rm
 from ..cli._deploys import _cmd_fork
 from ..cli._doubt import _cmd_resolve
 from ..cli._format import Style
-from ..cli._runs import effect_label, load, open_effects
+from ..cli._runs import FIRED_SKIPS_STEP, effect_label, load, open_effects
 from ..cli._waiting import _cmd_signal
 from ..errors import DefinitionError, DurableStepsError
 from ..stores import Store, command_hint
@@ -73,6 +80,8 @@ class Request:
     new_run: str = ""
     doubt: tuple[str, ...] = ()
     """resolve: the keys of what the page showed in doubt (what "yes" resolves)."""
+    nonce: str = ""
+    """The nonce of the run the page showed: the action is for that run only."""
 
     @property
     def run(self) -> str:
@@ -82,6 +91,7 @@ class Request:
     def fields(self) -> dict[str, str]:
         """The form fields that ask for this action again (the confirmation's hidden fields)."""
         out = {"action": self.action, "workflow": self.workflow, "run_id": self.run_id}
+        out["nonce"] = self.nonce
         if self.action == "signal":
             out.update(signal=self.signal, payload=json.dumps(self.payload))
         elif self.action == "resolve":
@@ -127,6 +137,17 @@ def parse(form: dict[str, str]) -> Request:
         raise FormError(f"unknown action {action!r}")
     workflow = _name(form.get("workflow", ""), "workflow name")
     run_id = _name(form.get("run_id", ""), "run id")
+    request = _parse(action, workflow, run_id, form)
+    nonce = form.get("nonce", "")
+    if not nonce and action != "resolve":  # a resolution is pinned by its keys already
+        raise FormError(
+            "the form does not say which run it was shown for: reload the run's page and act "
+            "from there"
+        )
+    return replace(request, nonce=nonce)
+
+
+def _parse(action: str, workflow: str, run_id: str, form: dict[str, str]) -> Request:
     if action == "signal":
         text = form.get("payload", "").strip() or "null"
         signal = _name(form.get("signal", "").strip(), "signal name")
@@ -197,6 +218,13 @@ def in_doubt(store: Store, workflow: str, run_id: str) -> dict[str, str]:
     return out
 
 
+def _header(store: Store, request: Request) -> ckpt.Checkpoint:
+    try:
+        return load(store, request.workflow, request.run_id)[0]
+    except CommandError as exc:
+        raise FormError(exc.message) from exc
+
+
 def describe(request: Request, store: Store) -> list[str]:
     """What the action will do, for the confirmation page (one paragraph a line).
 
@@ -204,6 +232,13 @@ def describe(request: Request, store: Store) -> list[str]:
     (``FormError``) when that is no longer what the page showed.
     """
     run = request.run
+    if request.nonce:
+        header = _header(store, request)
+        if header.run_nonce != request.nonce:
+            raise FormError(
+                f"run {run} changed since its page was shown: it was deleted and created "
+                "again (another run under that id). Nothing was changed: reload the run's page."
+            )
     if request.action == "signal":
         return [
             f"Send signal {request.signal!r} to run {run}, with the payload "
@@ -229,6 +264,8 @@ def describe(request: Request, store: Store) -> list[str]:
                 f"Record that {named} in run {run} took effect: the next run counts "
                 "it as done without calling it again."
             ]
+            if any(now[k].startswith("step ") for k in request.doubt):
+                lines.append(f"Note: {FIRED_SKIPS_STEP}.")
             if request.has_result:
                 lines.append(
                     f"The result {json.dumps(request.result)} is recorded as what the effect "
@@ -263,6 +300,7 @@ def describe(request: Request, store: Store) -> list[str]:
 def _namespace(request: Request, store: Store) -> tuple[Any, argparse.Namespace]:
     ref = (request.workflow, request.run_id)
     base = {"run": ref, "store_url": command_hint(store), "color": "never", "debug": False}
+    base["expect_nonce"] = request.nonce or None
     if request.action == "signal":
         data = json.dumps(request.payload)
         return _cmd_signal, argparse.Namespace(**base, name=request.signal, data=data)

@@ -25,8 +25,13 @@ Only this machine acts
     carries it. So pages are served with forms (and the token) only to a
     client on loopback, and a POST from any other address is refused: a
     peer on the network may read runs (when ``--host`` lets it reach the
-    port) but never act. Acting from elsewhere goes through an SSH tunnel, or
-    a reverse proxy on this machine that authenticates people first.
+    port) but never act. "On loopback" is the socket's peer, never a header:
+    uvicorn is started without proxy headers, as ``X-Forwarded-For`` is
+    whatever the client chose to write. A request that a proxy forwarded
+    (it carries ``X-Forwarded-For``, ``Forwarded`` or ``X-Real-IP``) comes
+    from someone else, so it only reads, unless ``--trust-proxy`` says the
+    proxy on this machine authenticates people. Acting from elsewhere goes
+    through an SSH tunnel, or such a proxy.
 Bodies are bounded
     A POST is refused before its body is read when it is read-only, from
     another machine or site, or says it is longer than 1 MB; a body without
@@ -108,7 +113,11 @@ class Config:
     token: str = field(default_factory=lambda: secrets.token_urlsafe(32))
     allow_hosts: tuple[str, ...] = ()
     """More names the ``Host`` header may give (``--allow-host``): a name a
-    reverse proxy or a person uses for this machine."""
+    reverse proxy or a person uses for this machine, with any port or none
+    (a proxy passes on ``ops.example.com``, the name people typed)."""
+    trust_proxy: bool = False
+    """``--trust-proxy``: a request from loopback that a proxy forwarded may act
+    (the proxy on this machine authenticates people). Without it, it reads only."""
 
     def hosts(self) -> set[str]:
         """The ``Host`` headers accepted, whatever address a connection arrived at.
@@ -132,7 +141,7 @@ class Config:
         scope's ``server``): with a wildcard bind, that address *as a literal*
         is ours too. A literal cannot be rebound; a name can.
         """
-        if host in allowed:
+        if host in allowed or host in self.allow_hosts or _name_of(host) in self.allow_hosts:
             return True
         if self.host not in _WILDCARD or server is None:
             return False
@@ -144,8 +153,35 @@ def _with_port(names: set[str], port: int) -> set[str]:
     return {f"{n}:{port}" for n in bracket} | ({*bracket} if port == 80 else set())
 
 
+def _name_of(host: str) -> str:
+    """``host`` without its port: ``ops.example.com:443`` -> ``ops.example.com``."""
+    if host.startswith("["):
+        return host.partition("]")[0] + "]"
+    return host.rpartition(":")[0] if host.count(":") == 1 else host
+
+
+FORWARDED = ("forwarded", "x-forwarded-for", "x-real-ip")
+"""The headers a reverse proxy adds to say whom it forwards (nginx, Caddy, Traefik)."""
+
+
+def forwarded(request: Request) -> bool:
+    """Whether a proxy forwarded ``request`` (it says whom for): its sender is elsewhere."""
+    return any(name in request.headers for name in FORWARDED)
+
+
+def may_act(request: Request, config: Config) -> bool:
+    """Whether ``request`` may be served forms and act: from this machine's loopback
+    (the socket's peer), and not forwarded by a proxy unless ``--trust-proxy``.
+    """
+    if config.read_only or not local_client(request):
+        return False
+    return config.trust_proxy or not forwarded(request)
+
+
 def local_client(request: Request) -> bool:
-    """Whether the request came from this machine's loopback (the only place that acts)."""
+    """Whether the connection comes from this machine's loopback: the socket's peer
+    (uvicorn runs without proxy headers, so no header can claim it).
+    """
     client = request.client
     if client is None:
         return False
@@ -223,11 +259,12 @@ def create_app(config: Config) -> Starlette:  # noqa: PLR0915 - the routes share
 
     def page(request: Request, name: str, code: int = 200, /, **context: Any) -> HTMLResponse:
         # Forms, and the token in them, only for a client that may act.
-        acts = not config.read_only and local_client(request)
+        acts = may_act(request, config)
         html = env.get_template(name).render(
             token=config.token if acts else "",
             read_only=not acts,
             remote=not config.read_only and not acts,
+            proxied=not acts and local_client(request) and forwarded(request),
             store=where,
             **context,
         )
@@ -311,6 +348,14 @@ def create_app(config: Config) -> Starlette:  # noqa: PLR0915 - the routes share
                 403,
                 "refused: actions are taken only from this machine (loopback); from "
                 "elsewhere, use an SSH tunnel or a reverse proxy that authenticates people",
+            )
+        if not may_act(request, config):
+            return problem(
+                request,
+                403,
+                "refused: this request came through a proxy (it carries X-Forwarded-For), "
+                "so from someone else than this machine; if the proxy on this machine "
+                "authenticates people, start durable-steps ui with --trust-proxy",
             )
         refused = _foreign(request, config, allowed)
         if refused is not None:

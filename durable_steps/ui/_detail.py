@@ -22,7 +22,15 @@ from .._record import checkpoint as ckpt
 from .._resolve import doubt_keys
 from ..cli._format import human_size, run_size, timestamp
 from ..cli._inspect import next_hint
-from ..cli._runs import effect_label, load, open_effects, owner_text, peek_header, status_of
+from ..cli._runs import (
+    FIRED_SKIPS_STEP,
+    effect_label,
+    load,
+    open_effects,
+    owner_text,
+    peek_header,
+    status_of,
+)
 from ..cli._waiting import signal_sent
 from ..stores import Store
 from . import _history, _signed, _state, _timeline
@@ -56,6 +64,9 @@ class RunPage:
     doubt: list[str] = field(default_factory=list)
     """What is in doubt, one line each (the resolve form is shown when there is)."""
     effect_in_doubt: bool = False
+    fired_note: str = ""
+    """What resolving the step in doubt as fired drops (its changes to the state),
+    shown on the resolve form; empty when no step is in doubt."""
     doubt_keys: str = "[]"
     """The keys of what is in doubt, as JSON: the resolve form carries them, so
     "yes" resolves exactly what was shown (``_actions``)."""
@@ -66,6 +77,9 @@ class RunPage:
     """Why there is no delete button (empty: there is one): what ``rm`` would refuse."""
     signature: _signed.Signature | None = None
     """Whether the head was verified; its warning is shown above everything else."""
+    nonce: str = ""
+    """The run's nonce: every form carries it, so "yes" acts only on this run, not on
+    one created under its id since (``_actions``)."""
 
     @property
     def name(self) -> str:
@@ -141,6 +155,7 @@ def run_page(
         fields.insert(2, ("lease", f"ends {timestamp(end, now)}"))
     out = RunPage(workflow, run_id, status, next_hint(header, sent_at), fields)
     out.signature = signature
+    out.nonce = header.run_nonce
     out.finished = header.status in _FINISHED
     _sections(out, header, sent_at, now)
     out.doubt_keys = json.dumps(doubt_keys(header))
@@ -229,6 +244,7 @@ def _sections(out: RunPage, header: ckpt.Checkpoint, sent_at: float | None, now:
         ]
         if intent.get("resolution") is None:
             out.doubt.append(f"step {intent.get('step')!r} (key {intent.get('key')})")
+            out.fired_note = FIRED_SKIPS_STEP[0].upper() + FIRED_SKIPS_STEP[1:] + "."
     for effect in open_effects(header.journal):
         out.effect_in_doubt = True
         out.doubt.append(f"effect {effect_label(effect)} (key {effect.get('key')})")

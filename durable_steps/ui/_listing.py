@@ -18,13 +18,14 @@ import dataclasses
 import itertools
 import time
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from .. import _index
 from .._drivers import drive_sync
 from .._record import checkpoint as ckpt
-from ..cli._indexed import _read, covered, done, live, locate_indexed
+from ..cli._indexed import _read, _updated, covered, done, locate_indexed, run_key, through_markers
 from ..cli._ls import ls_row
 from ..cli._runs import RunInfo, find_runs
 from ..errors import DefinitionError
@@ -125,16 +126,22 @@ def _row(run: RunInfo, now: float) -> Row:
     )
 
 
-def _finished_counts(store: Store, workflow: str | None) -> dict[str, str]:
-    """Completed and deleted runs per status, up to :data:`COUNT_UP_TO` per workflow."""
+def _finished_counts(store: Store, workflow: str | None, over: list[RunInfo]) -> dict[str, str]:
+    """Completed and deleted runs per status, up to :data:`COUNT_UP_TO` per workflow:
+    their done entries, and ``over``, the finished runs a crash left with only a
+    ``running`` marker (``through_markers``), each run counted once.
+    """
     names = [workflow] if workflow else sorted(drive_sync(_index.workflows(), store))
     counts: Counter[str] = Counter()
+    seen: set[tuple[str, str]] = set()
     capped = False
     for name in names:
         listed = itertools.islice(store.list(_index.done_prefix(name)), COUNT_UP_TO + 1)
         entries = [e for e in map(_index.parse, listed) if e is not None]
         capped |= len(entries) > COUNT_UP_TO
         counts.update(e.kind for e in entries[:COUNT_UP_TO])
+        seen.update((e.workflow, e.run_id) for e in entries)
+    counts.update(r.status for r in over if run_key(r) not in seen)
     plus = "+" if capped else ""
     return {k: f"{n}{plus}" for k, n in counts.items() if n}
 
@@ -193,16 +200,18 @@ def list_runs(
         return _unindexed(
             store, workflow=workflow, status=status, query=query, limit=limit, workflows=workflows
         )
-    lives = _vetted(live(store, workflow))  # every live head: the counts, the first rows
+    # Every live head (the counts, the first rows), and the finished runs a crash
+    # left with only their `running` marker: ls's one reading of the markers.
+    lives, over = (_vetted(runs) for runs in through_markers(store, workflow))
     counts = {k: str(v) for k, v in Counter(r.status for r in lives).items()}
-    counts.update(_finished_counts(store, workflow))
+    counts.update(_finished_counts(store, workflow, over))
     problem = None
     if query:
         runs, problem = _search(store, workflow, query)
         if status is not None:
             runs = [r for r in runs if r.status == status]
     elif status in ("completed", "deleted"):
-        runs, capped = _finished(store, workflow, status, limit + 1)
+        runs, capped = _finished(store, workflow, status, limit + 1, over)
         if capped:
             problem = (
                 f"only the newest {COUNT_UP_TO} finished runs of each workflow were looked at "
@@ -212,20 +221,21 @@ def list_runs(
         runs = [r for r in lives if r.status == status]
     else:
         runs = list(lives)
-        if len(runs) <= limit:
+        if len(runs) <= limit:  # then the finished ones, newest first
             entries = done(store, workflow, limit + 1 - len(runs))
-            runs += _heads(store, entries)
+            runs += _newest(_heads(store, entries), over, limit + 1 - len(runs))
     rows = [_row(r, now) for r in runs[:limit]]
     return Listing(rows, len(runs) > limit, counts, workflows, problem=problem)
 
 
 def _finished(
-    store: Store, workflow: str | None, status: str, limit: int
+    store: Store, workflow: str | None, status: str, limit: int, over: Sequence[RunInfo] = ()
 ) -> tuple[list[RunInfo], bool]:
     """The newest finished runs with ``status``, at most ``limit``, looking at no more
     than :data:`COUNT_UP_TO` done entries a workflow (``cli._indexed.finished`` reads
     on until it has ``limit``: past 100,000 completed runs, a search for a few deleted
-    ones would read every entry). True: the cap stopped the search.
+    ones would read every entry), and ``over`` (finished runs with no done entry yet).
+    True: the cap stopped the search.
     """
     names = [workflow] if workflow else sorted(drive_sync(_index.workflows(), store))
     entries: list[_index.Entry] = []
@@ -244,7 +254,7 @@ def _finished(
                     break
     entries.sort(key=lambda e: -(e.finished or 0.0))
     found = _read(store, [(e.workflow, e.run_id, frozenset()) for e in entries[:limit]])
-    return _vetted(found), capped
+    return _newest(_vetted(found), [r for r in over if r.status == status], limit), capped
 
 
 def _unindexed(
@@ -274,3 +284,13 @@ def _unindexed(
 def _heads(store: Store, entries: list[_index.Entry]) -> list[RunInfo]:
     """The heads of finished runs' done entries (gone ones left out), read in parallel."""
     return _vetted(_read(store, [(e.workflow, e.run_id, frozenset()) for e in entries]))
+
+
+def _newest(heads: list[RunInfo], over: Sequence[RunInfo], limit: int) -> list[RunInfo]:
+    """``heads`` (read through done entries) and ``over`` (finished runs a crash left
+    with only a ``running`` marker), each run once, the newest first, at most ``limit``.
+    """
+    runs = {run_key(r): r for r in heads}
+    for run in over:
+        runs.setdefault(run_key(run), run)
+    return sorted(runs.values(), key=lambda r: -_updated(r))[:limit]
