@@ -316,7 +316,7 @@ def approve_and_finish(wf: ds.Workflow, payload: Any) -> dict[str, Any]:
 def test_a_rejected_approval_tells_the_model_and_fires_nothing(
     tmp_path: Path, fake: OpenAIFake
 ) -> None:
-    """A rejection (a signal with approve false) reaches the model as the rejection
+    """A rejection (a signal with approved false) reaches the model as the rejection
     message; the refund never runs.
     """
     triage, config = agents_for(fake, tmp_path / "log", approval=True)
@@ -328,7 +328,7 @@ def test_a_rejected_approval_tells_the_model_and_fires_nothing(
         ctx.finish()
 
     final = approve_and_finish(
-        workflow(tmp_path, turn), {"approve": False, "message": "refunds need a manager"}
+        workflow(tmp_path, turn), {"approved": False, "message": "refunds need a manager"}
     )
     assert "refunds need a manager" in final["output"]
     assert lines(tmp_path / "log" / "ledger") == []
