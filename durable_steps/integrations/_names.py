@@ -74,12 +74,13 @@ def tool_call_name(prefix: str, call_id: str, suffix: str = "") -> str:
     return f"{prefix}tool:{shortened(call_id, room)}{suffix}"
 
 
-def shortened(text: str, room: int) -> str:
-    """``text`` if it has at most ``room`` characters, else its first characters, ``~``
-    and a digest of the whole (65 characters): the same on every re-run, different
-    for every other ``text``.
+def shortened(text: str, room: int, mark: str = "~") -> str:
+    """``text`` if it has at most ``room`` characters, else its first characters,
+    ``mark`` and a digest of the whole (65 characters): the same on every re-run,
+    different for every other ``text``. A signal name may not hold ``~``: its
+    mark is ``=``.
     """
     if len(text) <= room:
         return text
     digest = hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=12)
-    return f"{text[:_KEPT]}~{digest.hexdigest()}"
+    return f"{text[:_KEPT]}{mark}{digest.hexdigest()}"

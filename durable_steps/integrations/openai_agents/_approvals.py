@@ -25,7 +25,9 @@ Runs that waited before ids were shortened
     sharing those characters shared a signal). A run that recorded its
     approval under such a name, or waits under one, goes on under it: the
     old name is used when the step's journal holds it (a run woken for a
-    signal has it recorded before its step runs).
+    signal has it recorded before its step runs), for the first call it fits
+    only: the old name cannot say which of two such calls it was sent for, so
+    any other is asked for under its own new name rather than decided by it.
 """
 
 from __future__ import annotations
@@ -67,7 +69,7 @@ def signal_name(
         call_id = getattr(raw, "id", None) or item.tool_name or "tool"
     text = _NOT_IN_NAME.sub("-", f"{prefix}{call_id}")
     tail = f"@{iteration}" if iteration else ""
-    name = f"approve:{shortened(text, _ROOM)}{tail}"
+    name = f"approve:{shortened(text, _ROOM, '=')}{tail}"
     legacy = f"approve:{text[:_ROOM]}{tail}"
     return legacy if legacy != name and recorded(f"signal:{legacy}") else name
 
