@@ -8,11 +8,13 @@ tests/test_openai_agents.py and tests/test_tool_call_names.py.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import os
 import subprocess
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -155,3 +157,31 @@ def test_the_cli_refuses_another_shape_and_show_says_what_is_accepted(tmp_path: 
     sent = cli(*where, "signal", "hold/h1", "approval", "--data", "false")
     assert sent.returncode == 0, sent.stderr
     assert wf.run("h1", {}) == {"decision": False}
+
+
+def test_off_the_event_loop_and_with_wait_true_a_wrong_payload_wakes_nothing() -> None:
+    """An async step's wait (its signal looked for by the runner, off the loop) and
+    ``wf.arun(wait=True)``'s polling both pass over a payload sent ahead in another
+    shape; the right one, sent later, replaces it and the run goes on."""
+    store = ds.MemoryStore()
+    wf = ds.Workflow("later", store=store)
+
+    @wf.step()
+    async def ask(state: dict[str, Any], ctx: ds.Context) -> None:
+        state["decision"] = ctx.wait_for("approval", accepts="approval")
+
+    wf.submit("a1", {})
+    assert wf.signal("a1", "approval", "yes")
+    with pytest.raises(ds.RunSuspended):
+        asyncio.run(wf.arun("a1", {}))
+    done: list[Any] = []
+    blocked = threading.Thread(
+        target=lambda: done.append(asyncio.run(wf.arun("a1", {}, wait=True)))
+    )
+    blocked.start()
+    blocked.join(1.5)
+    assert blocked.is_alive()  # still polling: "yes" decides nothing
+    assert done == []
+    assert wf.signal("a1", "approval", {"approved": True})
+    blocked.join(30)
+    assert done == [{"decision": {"approved": True}}]

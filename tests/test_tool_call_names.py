@@ -241,3 +241,25 @@ def test_a_run_waiting_under_an_earlier_versions_name_goes_on_under_it() -> None
     assert wf.signal("r1", second, True)
     assert "refunded 0 / refunded 1" in wf.run("r1", {})["output"]
     assert sorted(fired) == [0, 1]
+
+
+def test_a_payload_an_earlier_versions_wait_took_fails_the_step_and_decides_nothing() -> None:
+    """A wait recorded without ``accepts`` took any payload when sent; one that is not an
+    approval reaches the step, which neither runs the tool nor rejects it: it fails,
+    saying so, instead of reading it as a yes or a no."""
+    store = ds.MemoryStore()
+    wf, fired = approvals(store)
+    name = suspended(wf)
+    key = "long-approvals/r1/checkpoint"
+    found = store.get(key)
+    assert found is not None
+    wait = json.loads(found[0].partition(b"\n")[0])["wait"]
+    del wait["accepts"]
+    rewrite_header(store, key, wait=wait)  # as the earlier version wrote
+    assert wf.signal("r1", name, {"approve": True})  # unchecked: the wait says nothing
+    with pytest.raises(ds.StepFailed) as failed:
+        wf.run("r1", {})
+    assert isinstance(failed.value.__cause__, ds.SignalRefused)
+    assert "is not an approval" in failed.value.message
+    assert "Fork the run" in failed.value.message
+    assert fired == []
