@@ -22,7 +22,9 @@ import pytest
 
 import durable_steps as ds
 from durable_steps._approval import approval
+from durable_steps._record import checkpoint as ckpt
 from durable_steps._signals import signal_key
+from durable_steps.cli._waiting import signal_sent
 from tests.storetools import Wrapped, rewrite_header
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -129,7 +131,12 @@ def test_a_wrong_payload_sent_before_the_wait_decides_nothing_and_may_be_replace
     assert suspended.signal == "approval"
     assert 'the payload {"approve": true} is not one' in caplog.text
     waiting(wf)  # not woken by it
+    found = store.get("hold/h1/checkpoint")
+    assert found is not None
+    header, _ = ckpt.decode(found[0], where="hold/h1")
+    assert signal_sent(store, header) is None  # show and the page: not sent, send one
     assert wf.signal("h1", "approval", True)  # replaces it
+    assert signal_sent(store, header) is not None
     assert not wf.signal("h1", "approval", False)  # and that one was delivered: once
     assert wf.run("h1", {}) == {"decision": True}
 

@@ -84,12 +84,15 @@ def waiting_for(header: dict[str, Any] | None, sent: frozenset[str], now: float)
 
 
 def signal_sent(store: Store, header: ckpt.Checkpoint) -> float | None:
-    """When the signal a waiting run waits for was sent (None: not yet, or no signal)."""
+    """When the signal a waiting run waits for was sent (None: not yet, or no signal,
+    or one sent ahead whose payload the wait does not accept: it decides nothing, and
+    one of the right shape may still be sent).
+    """
     wait = _wait(header.status, header.wait)
     if wait is None or wait.get("signal") is None:
         return None
     found = store.get(_signals.signal_key(header.workflow, header.run_id, wait["signal"]))
-    if found is None:
+    if found is None or not _signals.wakes(found[0], header.run_nonce, wait.get("accepts")):
         return None
     split = ckpt.split_header(found[0])  # a signal is one JSON line, as a header is
     sent_at = split[0].get("sent_at") if split else None
