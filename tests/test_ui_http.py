@@ -448,6 +448,8 @@ def test_the_page_refuses_another_shape_and_says_what_is_accepted(serve: Any) ->
     _, _, page = fetch(app.url + "/runs/hold/h1")
     assert 'id="signal-accepts"' in page
     assert "an approval: {&#34;approved&#34;: true}" in page
+    nonce = re.search(r'name="nonce" value="([^"]+)"', page)  # the form is for this run
+    assert nonce
     fields = {
         "action": "signal",
         "workflow": "hold",
@@ -455,6 +457,7 @@ def test_the_page_refuses_another_shape_and_says_what_is_accepted(serve: Any) ->
         "token": app.config.token,
         "signal": "approval",
         "payload": '{"approve": true}',
+        "nonce": nonce[1],
     }
     code, _, body = fetch(app.url + "/actions", fields)  # the confirmation refuses it
     assert code == 409

@@ -241,10 +241,10 @@ def describe(request: Request, store: Store) -> list[str]:
                 "again (another run under that id). Nothing was changed: reload the run's page."
             )
     if request.action == "signal":
+        header = _header(store, request)
         try:  # refused now, not after the person confirmed
-            header, _, _ = load(store, request.workflow, request.run_id)
             refuse_unaccepted(header.status, header.wait, run, request.signal, request.payload)
-        except (CommandError, SignalRefused) as exc:
+        except SignalRefused as exc:
             raise FormError(exc.message) from exc
         return [
             f"Send signal {request.signal!r} to run {run}, with the payload "
