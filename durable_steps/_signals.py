@@ -200,23 +200,6 @@ def refuse_unaccepted(status: object, wait: object, run: str, name: str, payload
         )
 
 
-def _undelivered(data: bytes, nonce: str, header: dict[str, Any]) -> bool:
-    """Whether the signal object ``data`` (of this run, under the name the run waits
-    for) decided nothing: not received, and of a shape the wait does not accept.
-    Sent before the run waited, it was not checked then; a signal of the right
-    shape may take its place.
-    """
-    record = _unverified(data)
-    wait = header.get("wait")
-    return (
-        record is not None
-        and isinstance(wait, dict)
-        and record.get("run_nonce") == nonce
-        and "consumed" not in record
-        and not accepted(wait.get("accepts"), record.get("payload"))
-    )
-
-
 def consumed(record: dict[str, Any], where: list[Any], signer: ckpt.Signer | None) -> bytes:
     """Signal ``record`` marked as received by step ``where`` (``[step, iteration]``),
     so that another step or pass waiting for the same name is told, not given it again.
@@ -288,10 +271,12 @@ def send(  # noqa: PLR0917 - the public wf.signal's arguments, plus where
         old = store.get(key)
         if old is None:  # deleted in between (rm of the run): nothing to deliver to
             return False
-        waits_here = status == "waiting" and (header.get("wait") or {}).get("signal") == name
-        if for_run(old[0], str(nonce)) and not (
-            waits_here and _undelivered(old[0], str(nonce), header)
-        ):
+        wait = header.get("wait") if status == "waiting" else None
+        if not isinstance(wait, dict) or wait.get("signal") != name:
+            wait = None
+        if for_run(old[0], str(nonce)) and (
+            wait is None or wakes(old[0], str(nonce), wait.get("accepts"))
+        ):  # delivered, or one the run will take; else it decided nothing: replaced
             return False
         try:  # an earlier incarnation's: this run never saw it
             store.put(key, data, match=old[1])
