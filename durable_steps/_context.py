@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
+from ._approval import Accepts
 from ._record.checkpoint import effect_key
 from ._waits import sleep_until, wait_for
 from .errors import DefinitionError
@@ -127,7 +128,9 @@ class Context:
             return
         sleep_until(self._journal, wake)
 
-    def wait_for(self, name: str, timeout: float | None = None) -> Any:
+    def wait_for(
+        self, name: str, timeout: float | None = None, *, accepts: Accepts | None = None
+    ) -> Any:
         """Suspend the run until signal ``name`` arrives; return its payload (JSON).
 
         Send it with ``wf.signal(run_id, name, payload)`` or ``durable-steps
@@ -137,6 +140,12 @@ class Context:
         wait) :class:`~durable_steps.SignalTimeout` is raised here once it
         passed without the signal. A name is delivered once per run: waits in
         a loop put the pass in it (``f"approval:{ctx.iteration}"``).
+
+        ``accepts="approval"``: the payload is an approval, ``{"approved":
+        true}``, ``{"approved": false, "message": "why"}``, ``true`` or
+        ``false``, and nothing else — a signal of another shape is refused
+        when it is sent (:class:`~durable_steps.SignalRefused`), and ``show``
+        and the web page say what the run accepts.
         """
         if timeout is not None:
             _seconds(timeout, "ctx.wait_for(timeout=)")
@@ -145,7 +154,7 @@ class Context:
                 f"ctx.wait_for({name!r}) needs a running workflow: a hand-made Context has "
                 "no run to wait in. Unit-test the step's logic around the wait instead."
             )
-        return wait_for(self._journal, name, timeout)
+        return wait_for(self._journal, name, timeout, accepts)
 
     # For integrations: a journaled call with a title (what show, resolve,
     # events and traces display), its name staying what replays it. Same

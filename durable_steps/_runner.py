@@ -210,7 +210,7 @@ def _advance(run: RunState, step: Step[..., Any], index: int) -> Protocol[None]:
     woken = run.woken
     if woken is not None and (woken["step"], woken["iteration"]) == (step.name, header.iteration):
         run.woken = None  # woken for its signal (or deadline): record what came, off any loop
-        wait = Suspend(woken["until"], woken["signal"])
+        wait = Suspend(woken["until"], woken["signal"], accepts=woken.get("accepts"))
         settled = yield from _settle_wait(run, journal, wait, ())
         if isinstance(settled, Exception):
             yield from give_up(run, step, ctx, settled)
@@ -356,7 +356,11 @@ def _settle_wait(
     returned as the step's failure — what it is when a sync wait meets it.
     """
     try:
-        return (yield from settle_wait(run, journal, wait.until, wait.signal, pending))
+        return (
+            yield from settle_wait(
+                run, journal, wait.until, wait.signal, pending, accepts=wait.accepts
+            )
+        )
     except (CheckpointConflict, StoreError):
         raise
     except DurableStepsError as exc:

@@ -30,6 +30,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from . import _index
+from ._approval import accepted, refusal
 from ._drivers import drive_sync
 from ._record import checkpoint as ckpt
 from .errors import (
@@ -38,6 +39,7 @@ from .errors import (
     DurableStepsError,
     RunSuspended,
     SerializationError,
+    SignalRefused,
 )
 from .serializers import check_json
 from .stores import command_hint
@@ -50,6 +52,7 @@ __all__ = [
     "await_wake",
     "await_wake_async",
     "decode",
+    "refuse_unaccepted",
     "send",
     "signal_key",
     "signals_prefix",
@@ -156,13 +159,45 @@ def _record(data: bytes) -> dict[str, Any] | None:
     return record if isinstance(record, dict) else None
 
 
-def for_run(data: bytes, nonce: str) -> bool:
-    """Whether a signal object was sent to the incarnation of the run with ``nonce``
-    (read unverified: the step that receives it verifies it).
-    """
+def _unverified(data: bytes) -> dict[str, Any] | None:
+    """A signal object's record, read unverified (the step that receives it verifies it)."""
     signed = _SIG_TAIL.search(data)
-    record = _record(data[: signed.start()] + b"}" if signed else data)
+    return _record(data[: signed.start()] + b"}" if signed else data)
+
+
+def for_run(data: bytes, nonce: str) -> bool:
+    """Whether a signal object was sent to the incarnation of the run with ``nonce``."""
+    record = _unverified(data)
     return record is not None and record.get("run_nonce") == nonce
+
+
+def wakes(data: bytes, nonce: str, accepts: object) -> bool:
+    """Whether a signal object wakes the run with ``nonce`` whose wait accepts
+    ``accepts``: sent to it, and (unless received already) of a shape it takes.
+    """
+    record = _unverified(data)
+    return (
+        record is not None
+        and record.get("run_nonce") == nonce
+        and ("consumed" in record or accepted(accepts, record.get("payload")))
+    )
+
+
+def refuse_unaccepted(status: object, wait: object, run: str, name: str, payload: Any) -> None:
+    """Raise SignalRefused if the run (``status``, its header's ``wait``) waits for
+    signal ``name`` and ``payload`` is not what the wait accepts (see
+    :mod:`durable_steps._approval`). The web page asks before it confirms.
+    """
+    if status != "waiting" or not isinstance(wait, dict):
+        return
+    if wait.get("signal") == name and not accepted(wait.get("accepts"), payload):
+        raise SignalRefused(
+            f"{refusal(run, name, payload, wait.get('step'))}. Nothing was sent; the run "
+            "still waits.",
+            run=run,
+            step=wait.get("step") if isinstance(wait.get("step"), str) else None,
+            signal=name,
+        )
 
 
 def consumed(record: dict[str, Any], where: list[Any], signer: ckpt.Signer | None) -> bytes:
@@ -192,8 +227,10 @@ def send(  # noqa: PLR0917 - the public wf.signal's arguments, plus where
 
     Refused (``DurableStepsError``) when the run does not exist or has
     finished: a signal nobody can receive is a mistake worth hearing about.
-    A signal left by an earlier run under the same id (deleted since) is
-    replaced.
+    Refused (``SignalRefused``) when the run waits for this signal and the
+    payload is not of the shape its wait accepts (an approval's). A signal
+    left by an earlier run under the same id (deleted since) is replaced, as
+    is one the waiting run does not accept (it decided nothing).
     """
     ckpt.validate_name(run_id, "run id")
     run = f"{workflow}/{run_id}"
@@ -221,6 +258,7 @@ def send(  # noqa: PLR0917 - the public wf.signal's arguments, plus where
             f"run {run} has {status}, so nothing will receive signal {name!r}; it was not sent",
             run=run,
         )
+    refuse_unaccepted(status, header.get("wait"), run, name, payload)
     data = encode(
         workflow, run_id, name, payload, signer, nonce if isinstance(nonce, str) else None
     )
@@ -233,7 +271,12 @@ def send(  # noqa: PLR0917 - the public wf.signal's arguments, plus where
         old = store.get(key)
         if old is None:  # deleted in between (rm of the run): nothing to deliver to
             return False
-        if for_run(old[0], str(nonce)):
+        wait = header.get("wait") if status == "waiting" else None
+        if not isinstance(wait, dict) or wait.get("signal") != name:
+            wait = None
+        if for_run(old[0], str(nonce)) and (
+            wait is None or wakes(old[0], str(nonce), wait.get("accepts"))
+        ):  # delivered, or one the run will take; else it decided nothing: replaced
             return False
         try:  # an earlier incarnation's: this run never saw it
             store.put(key, data, match=old[1])
@@ -263,10 +306,10 @@ def await_wake(store: Store, workflow: str, run_id: str, waiting: RunSuspended) 
         time.sleep(max(0.0, (waiting.until or 0) - time.time()))
         return
     key = signal_key(workflow, run_id, waiting.signal)
-    nonce = _nonce(store, workflow, run_id)
+    nonce, accepts = _nonce(store, workflow, run_id)
     for pause in _pauses(waiting.until):
         got = store.get(key)
-        if got is not None and for_run(got[0], nonce):
+        if got is not None and wakes(got[0], nonce, accepts):
             return
         time.sleep(pause)
 
@@ -279,17 +322,21 @@ async def await_wake_async(store: Store, workflow: str, run_id: str, waiting: Ru
         await asyncio.sleep(max(0.0, (waiting.until or 0) - time.time()))
         return
     key = signal_key(workflow, run_id, waiting.signal)
-    nonce = await asyncio.to_thread(_nonce, store, workflow, run_id)
+    nonce, accepts = await asyncio.to_thread(_nonce, store, workflow, run_id)
     for pause in _pauses(waiting.until):
         got = await asyncio.to_thread(store.get, key)
-        if got is not None and for_run(got[0], nonce):
+        if got is not None and wakes(got[0], nonce, accepts):
             return
         await asyncio.sleep(pause)
 
 
-def _nonce(store: Store, workflow: str, run_id: str) -> str:
-    """The nonce of the run now under this id ("" if none: then nothing is for it)."""
+def _nonce(store: Store, workflow: str, run_id: str) -> tuple[str, object]:
+    """The nonce of the run now under this id ("" if none: then nothing is for it),
+    and what its wait accepts.
+    """
     found = store.get(ckpt.checkpoint_key(workflow, run_id))
     split = ckpt.split_header(found[0]) if found else None
     nonce = split[0].get("run_nonce") if split else None
-    return nonce if isinstance(nonce, str) else ""
+    wait = split[0].get("wait") if split else None
+    accepts = wait.get("accepts") if isinstance(wait, dict) else None
+    return nonce if isinstance(nonce, str) else "", accepts

@@ -16,12 +16,13 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from ._approval import APPROVAL, SHAPE
 from ._context import Context
 from ._drivers import Get, Protocol
 from ._events import logger
 from ._journal import MISS, Journal
 from ._run import RunState
-from ._signals import for_run, signal_key
+from ._signals import signal_key, wakes
 from ._step import Step
 from ._waits import Pending, Suspend, receive
 from .errors import RunSuspended
@@ -36,6 +37,8 @@ def settle_wait(
     until: float | None,
     signal: str | None,
     pending: Pending = (),
+    *,
+    accepts: str | None = None,
 ) -> Protocol[bool]:
     """Do a wait's store work for the step, off the event loop: write what it left
     ``pending``, look for its signal and record the payload (or, past the deadline,
@@ -48,7 +51,7 @@ def settle_wait(
         entry = f"signal:{signal}"
         if entry in journal.results:
             return True
-        payload = yield from receive(run, journal.step, journal.iteration, signal)
+        payload = yield from receive(run, journal.step, journal.iteration, signal, accepts)
         if payload is not MISS:
             journal.event("signal_received", entry)
             yield from journal.record(entry, "signal", None, payload)
@@ -71,6 +74,8 @@ def suspend(run: RunState, step: Step[..., Any], ctx: Context, wait: Suspend) ->
         "signal": wait.signal,
         "since": round(time.time(), 3),
     }
+    if wait.accepts is not None:  # only then: a reader before 'accepts' sees what it knew
+        record["accepts"] = wait.accepts
     yield from run.write(run.header.evolve(status="waiting", wait=record), step.name, release=True)
     logger.info("run %s: step %r waits %s", run.name, step.name, waits_for(record))
     run.event("run_suspended", step=step.name, iteration=ctx.iteration)
@@ -84,7 +89,7 @@ def wake(run: RunState) -> Protocol[None]:
     due = wait["until"] is not None and time.time() >= wait["until"]
     if not due and wait["signal"] is not None:
         got = yield Get(signal_key(run.plan.workflow, run.run_id, wait["signal"]))
-        due = got is not None and for_run(got[0], run.header.run_nonce)
+        due = got is not None and wakes(got[0], run.header.run_nonce, wait.get("accepts"))
     if not due:
         raise suspended(run, wait)
     # Every write from here on says "running" and carries no wait (the first one
@@ -112,7 +117,13 @@ def suspended(run: RunState, wait: dict[str, Any]) -> RunSuspended:
     signal = wait["signal"]
     cli = command_hint(run.plan.store)
     how = "Run it again then"
-    if signal is not None:
+    if signal is not None and wait.get("accepts") == APPROVAL:
+        how = (
+            f"Approve or reject with wf.signal({run.run_id!r}, {signal!r}, "
+            f"{{'approved': True}}) or `{cli} signal {run.name} {signal} --data "
+            f"'{{\"approved\": true}}'` (it accepts {SHAPE}), then run it again"
+        )
+    elif signal is not None:
         how = (
             f"Send the signal with wf.signal({run.run_id!r}, {signal!r}, payload) or "
             f"`{cli} signal {run.name} {signal} --data JSON`, then run it again"

@@ -29,7 +29,9 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from ._approval import APPROVAL, accepted, refusal
 from ._drivers import Get, Protocol, Put, drive_sync
+from ._events import logger
 from ._journal import MISS, Journal
 from ._log import Kind, Writer
 from ._record import checkpoint as ckpt
@@ -48,17 +50,25 @@ class Suspend(BaseException):
     A BaseException, so that a step's ``except Exception`` cannot swallow
     it; the runner turns it into status ``waiting`` and ``RunSuspended``.
     ``pending`` and ``check``: what the wait left to the runner, on an event
-    loop (see the module docstring).
+    loop (see the module docstring). ``accepts``: the payloads the wait takes
+    (``"approval"``, see :mod:`durable_steps._approval`; None: any).
     """
 
     def __init__(
-        self, until: float | None, signal: str | None, *, pending: Pending = (), check: bool = False
+        self,
+        until: float | None,
+        signal: str | None,
+        *,
+        pending: Pending = (),
+        check: bool = False,
+        accepts: str | None = None,
     ) -> None:
         super().__init__(until, signal)
         self.until = until
         self.signal = signal
         self.pending = pending
         self.check = check
+        self.accepts = accepts
 
 
 # --- inside the step: the waits, journaled ---------------------------------------------
@@ -124,8 +134,11 @@ def sleep_until(journal: Journal, wake: Callable[[], float]) -> None:
         raise Suspend(until, None, pending=pending)
 
 
-def wait_for(journal: Journal, name: str, timeout: float | None) -> Any:
-    """``ctx.wait_for``: the signal's payload, recorded; or suspend until it comes."""
+def wait_for(journal: Journal, name: str, timeout: float | None, accepts: str | None = None) -> Any:
+    """``ctx.wait_for``: the signal's payload, recorded; or suspend until it comes.
+
+    With ``accepts`` a payload of another shape is not received (see ``receive``).
+    """
     _may_wait(journal, f"ctx.wait_for({name!r})")
     run = journal.run
     try:
@@ -138,6 +151,13 @@ def wait_for(journal: Journal, name: str, timeout: float | None) -> Any:
             run=run.name,
             step=journal.step,
         ) from None
+    if accepts not in (None, APPROVAL):
+        raise DefinitionError(
+            f"run {run.name}: step {journal.step!r}: ctx.wait_for({name!r}, accepts="
+            f"{accepts!r}): accepts is None (any payload) or 'approval'",
+            run=run.name,
+            step=journal.step,
+        )
     entry = f"signal:{name}"
     hit = journal.begin(entry, "signal")
     if hit is not MISS:
@@ -150,15 +170,16 @@ def wait_for(journal: Journal, name: str, timeout: float | None) -> Any:
     if timeout is not None:
         deadline, pending = _remembered(journal, f"deadline:{name}", lambda: time.time() + timeout)
     if _on_event_loop():  # the runner looks for the signal, off the loop
-        raise Suspend(deadline, name, pending=pending, check=True)
-    payload = drive_sync(receive(run, journal.step, journal.iteration, name), run.plan.store)
+        raise Suspend(deadline, name, pending=pending, check=True, accepts=accepts)
+    received = receive(run, journal.step, journal.iteration, name, accepts)
+    payload = drive_sync(received, run.plan.store)
     if payload is not MISS:
         journal.event("signal_received", entry)
         return journal.finish(entry, "signal", None, payload)
     if deadline is not None and time.time() >= deadline:
         journal.finish(f"timeout:{name}", "timeout", None, True)
         raise timed_out(run, journal.step, name, timeout)
-    raise Suspend(deadline, name)
+    raise Suspend(deadline, name, accepts=accepts)
 
 
 def timed_out(run: Writer, step: str, name: str, timeout: float | None) -> SignalTimeout:
@@ -173,12 +194,17 @@ def timed_out(run: Writer, step: str, name: str, timeout: float | None) -> Signa
     )
 
 
-def receive(run: Writer, step: str, iteration: int, name: str) -> Protocol[Any]:
+def receive(
+    run: Writer, step: str, iteration: int, name: str, accepts: str | None = None
+) -> Protocol[Any]:
     """Signal ``name``'s payload if it was sent to this run, else ``MISS``.
 
     A signal is received once per run: one that another step or pass received
     already is refused (put the pass in the name), and it is marked received
-    here (best effort: the journal records the payload either way).
+    here (best effort: the journal records the payload either way). One whose
+    payload the wait does not accept (``accepts``; sent before the run waited,
+    so not checked when sent) is not received and not marked: it decides
+    nothing, the run waits on, and a signal of the right shape may replace it.
     """
     workflow, run_id = run.plan.workflow, run.run_id
     key = signal_key(workflow, run_id, name)
@@ -201,6 +227,12 @@ def receive(run: Writer, step: str, iteration: int, name: str) -> Protocol[Any]:
             run=run.name,
             step=step,
         )
+    if received is None and not accepted(accepts, record.get("payload")):
+        logger.warning(
+            "%s; it was sent before the run waited, so it is ignored and may be replaced",
+            refusal(run.name, name, record.get("payload"), step),
+        )
+        return MISS
     if received is None:
         # Marked under the name the run's head keeps: the code a rename replaced, if it
         # is redeployed, must find the signal received by its own step (_deploy.Held).

@@ -14,6 +14,8 @@
     ├── SerializationError             the state cannot be encoded
     ├── StoreError                     the storage service failed
     │   └── ConditionalWritesUnsupported
+    ├── SignalRefused                  a payload the waiting run does not accept
+    │                                  (also a ``ValueError``)
     └── DefinitionError                a step or workflow is defined wrongly
         (also a ``ValueError``, so ``except ValueError`` code keeps working)
 
@@ -37,6 +39,7 @@ __all__ = [
     "RunNotFound",
     "RunSuspended",
     "SerializationError",
+    "SignalRefused",
     "SignalTimeout",
     "StepFailed",
     "StepInDoubt",
@@ -239,6 +242,28 @@ class RunSuspended(DurableStepsError):
 
     def _fields(self) -> dict[str, Any]:
         return {**super()._fields(), "until": self.until, "signal": self.signal}
+
+
+class SignalRefused(DurableStepsError, ValueError):
+    """A signal was not sent: the run waits for it as an approval and its payload is
+    not one (``wf.signal``, ``durable-steps signal``, the web page). Nothing was
+    written; the run still waits. ``signal`` is the signal's name; the message
+    names the payloads the wait accepts.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        run: str | None = None,
+        step: str | None = None,
+        signal: str | None = None,
+    ) -> None:
+        super().__init__(message, run=run, step=step)
+        self.signal = signal
+
+    def _fields(self) -> dict[str, Any]:
+        return {**super()._fields(), "signal": self.signal}
 
 
 class SignalTimeout(DurableStepsError):

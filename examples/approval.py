@@ -90,13 +90,15 @@ def build(store: str | None, payments: Payments, model_log: Path, timeout: float
         plan = state["draft"]
         say(f"draft: refund {plan['amount']} cents for order {plan['order']} ({plan['reason']})")
         try:
-            decision = ctx.wait_for("approval", timeout=timeout)
+            # accepts="approval": {"approved": true}, {"approved": false, "message": "why"}
+            # or bare true / false; another payload is refused when it is sent.
+            decision = ctx.wait_for("approval", timeout=timeout, accepts="approval")
         except ds.SignalTimeout:
             state.update(outcome="escalated", note=f"no answer within {timeout:g}s")
             return
         state["decision"] = decision
-        if not (isinstance(decision, dict) and decision.get("approved") is True):
-            note = decision.get("note") if isinstance(decision, dict) else None
+        if not (decision is True or (isinstance(decision, dict) and decision["approved"])):
+            note = decision.get("message") if isinstance(decision, dict) else None
             state.update(outcome="rejected", note=note or "rejected by a person")
             return
         done = ctx.effect("refund", payments.refund, plan["order"], plan["amount"])
@@ -143,7 +145,7 @@ def main() -> int:
         say(f"{name} waits for signal {waiting.signal!r}: a person must approve the refund.")
         say(f"  see it:     durable-steps{store} show {name}")
         approve = shlex.quote(json.dumps({"approved": True}))
-        reject = shlex.quote(json.dumps({"approved": False, "note": "order was delivered"}))
+        reject = shlex.quote(json.dumps({"approved": False, "message": "order was delivered"}))
         say(f"  approve:    durable-steps{store} signal {name} approval --data {approve}")
         say(f"  or reject:  durable-steps{store} signal {name} approval --data {reject}")
         if not args.wait:

@@ -316,7 +316,7 @@ def approve_and_finish(wf: ds.Workflow, payload: Any) -> dict[str, Any]:
 def test_a_rejected_approval_tells_the_model_and_fires_nothing(
     tmp_path: Path, fake: OpenAIFake
 ) -> None:
-    """A rejection (a signal with approve false) reaches the model as the rejection
+    """A rejection (a signal with approved false) reaches the model as the rejection
     message; the refund never runs.
     """
     triage, config = agents_for(fake, tmp_path / "log", approval=True)
@@ -328,10 +328,49 @@ def test_a_rejected_approval_tells_the_model_and_fires_nothing(
         ctx.finish()
 
     final = approve_and_finish(
-        workflow(tmp_path, turn), {"approve": False, "message": "refunds need a manager"}
+        workflow(tmp_path, turn), {"approved": False, "message": "refunds need a manager"}
     )
     assert "refunds need a manager" in final["output"]
     assert lines(tmp_path / "log" / "ledger") == []
+
+
+def test_the_documented_payload_approves_and_another_shape_is_refused_when_sent(
+    tmp_path: Path, fake: OpenAIFake
+) -> None:
+    """{"approved": true} approves the refund; {"approve": true} (what earlier versions
+    took) and "approve" are refused by wf.signal, nothing is sent, the run still waits
+    and the refund has not run; bare false rejects with the SDK's own message.
+    """
+    triage, config = agents_for(fake, tmp_path / "log", approval=True)
+    runner = DurableRunner(effects={"refund"})
+
+    def turn(state: dict[str, Any], ctx: ds.Context) -> None:
+        state["output"] = runner.run_sync(triage, oachild.MESSAGE, ctx=ctx, run_config=config)
+        state["output"] = state["output"].final_output
+        ctx.finish()
+
+    wf = workflow(tmp_path, turn)
+    with pytest.raises(ds.RunSuspended) as waiting:
+        wf.run("r1", {})
+    name = waiting.value.signal
+    assert name is not None
+    assert '{"approved": true}' in waiting.value.message
+    for wrong in ({"approve": True}, "approve"):
+        with pytest.raises(ds.SignalRefused) as refused:
+            wf.signal("r1", name, wrong)
+        assert f"run agents/r1 waits at step 'turn' for signal {name!r}" in refused.value.message
+        assert '{"approved": false, "message": "why"}' in refused.value.message
+    with pytest.raises(ds.RunSuspended):
+        wf.run("r1", {})
+    assert lines(tmp_path / "log" / "ledger") == []
+    assert wf.signal("r1", name, {"approved": True})
+    assert "refunded order 1001" in wf.run("r1", {})["output"]
+    assert len(lines(tmp_path / "log" / "ledger")) == 1
+
+    rejected = workflow(tmp_path / "no", turn)
+    final = approve_and_finish(rejected, False)
+    assert "refunded order 1001" not in final["output"]
+    assert len(lines(tmp_path / "log" / "ledger")) == 1  # still only the approved one
 
 
 def test_live_tools_run_on_every_replay_and_the_others_once(

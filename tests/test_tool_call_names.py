@@ -10,6 +10,7 @@ step's retry, and fired once as an effect under one key.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +39,7 @@ from durable_steps._journal import MAX_NAME
 from durable_steps.integrations import openai_agents, pydantic_ai
 from durable_steps.integrations._names import tool_call_name
 from tests.sdkscript import message, response, told, tool_call
+from tests.storetools import rewrite_header
 from tests.test_pydantic_ai_parity import retried
 
 HEAD = "call_" + "x" * 495
@@ -154,3 +156,110 @@ def test_openai_agents_long_call_ids_are_recorded_replayed_and_fired_once(
     assert TwoRefunds.calls == 2  # each response made once, replayed on the retry
     assert sorted(order for order, _ in fired) == [0, 1]
     assert fired[0][1] != fired[1][1]
+
+
+class AskTwoApprovals(SDKModel):
+    """Asks for two refunds (tools that need approval) under long call ids, then
+    answers with what came back."""
+
+    async def get_response(
+        self, system_instructions: Any, input: Any, *args: Any, **kwargs: Any
+    ) -> SDKResponse:
+        results = told(input)
+        if not results:
+            return response([tool_call("refund", {"order": n}, i, n) for n, i in enumerate(IDS)])
+        return response([message(" / ".join(results))])
+
+    def stream_response(self, *args: Any, **kwargs: Any) -> Any:
+        raise NotImplementedError
+
+
+def approvals(store: ds.Store) -> tuple[ds.Workflow, list[int]]:
+    """A workflow whose one step runs an agent that asks for two approved refunds."""
+    fired: list[int] = []
+
+    @function_tool(needs_approval=True)
+    def refund(order: int) -> str:
+        fired.append(order)
+        return f"refunded {order}"
+
+    agent = SDKAgent(name="desk", model=AskTwoApprovals(), tools=[refund])
+    runner = openai_agents.DurableRunner(effects={"refund"})
+    wf = ds.Workflow("long-approvals", store=store)
+
+    @wf.step()
+    def turn(state: dict[str, Any], ctx: ds.Context) -> None:
+        state["output"] = str(runner.run_sync(agent, "refund both", ctx=ctx).final_output)
+
+    return wf, fired
+
+
+def suspended(wf: ds.Workflow) -> str:
+    with pytest.raises(ds.RunSuspended) as waiting:
+        wf.run("r1", {})
+    assert waiting.value.signal is not None
+    return waiting.value.signal
+
+
+def test_approvals_of_two_long_call_ids_are_asked_and_decided_apart() -> None:
+    """Earlier versions cut both ids to one signal name: one signal decided both calls."""
+    wf, fired = approvals(ds.MemoryStore())
+    first = suspended(wf)
+    assert wf.signal("r1", first, {"approved": True})
+    second = suspended(wf)  # asked for under a name of its own
+    assert second != first
+    for name in (first, second):
+        assert name.startswith("approve:call_xxx")
+        assert len(f"signal:{name}") <= MAX_NAME
+    assert wf.signal("r1", second, {"approved": False, "message": "not this one"})
+    output = wf.run("r1", {})["output"]
+    assert fired == [0]
+    assert "refunded 0" in output
+    assert "not this one" in output
+
+
+def test_a_run_waiting_under_an_earlier_versions_name_goes_on_under_it() -> None:
+    """A run that an earlier version suspended under the id cut at 180 characters (and
+    no ``accepts``) is resumed by a signal under that name; the second call, which
+    that name cannot tell apart from the first, is asked for under its own."""
+    store = ds.MemoryStore()
+    wf, fired = approvals(store)
+    new = suspended(wf)
+    legacy = f"approve:{IDS[0][:180]}"
+    assert new != legacy
+    key = "long-approvals/r1/checkpoint"
+    found = store.get(key)
+    assert found is not None
+    wait = json.loads(found[0].partition(b"\n")[0])["wait"]
+    assert wait["signal"] == new
+    del wait["accepts"]
+    rewrite_header(store, key, wait={**wait, "signal": legacy})  # as the earlier version wrote
+    assert wf.signal("r1", legacy, True)
+    second = suspended(wf)
+    assert second not in (new, legacy)
+    assert fired == []
+    assert wf.signal("r1", second, True)
+    assert "refunded 0 / refunded 1" in wf.run("r1", {})["output"]
+    assert sorted(fired) == [0, 1]
+
+
+def test_a_payload_an_earlier_versions_wait_took_fails_the_step_and_decides_nothing() -> None:
+    """A wait recorded without ``accepts`` took any payload when sent; one that is not an
+    approval reaches the step, which neither runs the tool nor rejects it: it fails,
+    saying so, instead of reading it as a yes or a no."""
+    store = ds.MemoryStore()
+    wf, fired = approvals(store)
+    name = suspended(wf)
+    key = "long-approvals/r1/checkpoint"
+    found = store.get(key)
+    assert found is not None
+    wait = json.loads(found[0].partition(b"\n")[0])["wait"]
+    del wait["accepts"]
+    rewrite_header(store, key, wait=wait)  # as the earlier version wrote
+    assert wf.signal("r1", name, {"approve": True})  # unchecked: the wait says nothing
+    with pytest.raises(ds.StepFailed) as failed:
+        wf.run("r1", {})
+    assert isinstance(failed.value.__cause__, ds.SignalRefused)
+    assert "is not an approval" in failed.value.message
+    assert "Fork the run" in failed.value.message
+    assert fired == []

@@ -434,3 +434,39 @@ def test_a_resolution_is_on_the_timeline(serve: Any, tmp_path: Path) -> None:
     # The commit after it: the step ran again once its effect was resolved, and says so.
     again = '<td>committed <span class="rerun">ran again after a person resolved it (fired)'
     assert body.index("resolved by a person") < body.index(again)
+
+
+def test_the_page_refuses_another_shape_and_says_what_is_accepted(serve: Any) -> None:
+    """{"approve": true} is refused by the confirmation and by the act itself (a form
+    posted with confirm=yes), nothing is sent; the page says what the run accepts."""
+    from tests.test_approvals import hold, waiting
+
+    store = ds.MemoryStore()
+    wf = hold(store)
+    waiting(wf)
+    app = serve(store)
+    _, _, page = fetch(app.url + "/runs/hold/h1")
+    assert 'id="signal-accepts"' in page
+    assert "an approval: {&#34;approved&#34;: true}" in page
+    nonce = re.search(r'name="nonce" value="([^"]+)"', page)  # the form is for this run
+    assert nonce
+    fields = {
+        "action": "signal",
+        "workflow": "hold",
+        "run_id": "h1",
+        "token": app.config.token,
+        "signal": "approval",
+        "payload": '{"approve": true}',
+        "nonce": nonce[1],
+    }
+    code, _, body = fetch(app.url + "/actions", fields)  # the confirmation refuses it
+    assert code == 409
+    assert "waits at step &#39;ask&#39; for signal &#39;approval&#39;" in message(body)
+    code, _, body = fetch(app.url + "/actions", {**fields, "confirm": "yes"})  # and the act
+    assert code == 409
+    assert "is not one" in message(body)
+    assert store.get("hold/h1/signals/approval") is None
+    waiting(wf)
+    code, _, body = fetch(app.url + "/actions", {**fields, "payload": "true", "confirm": "yes"})
+    assert code == 200, body
+    assert wf.run("h1", {}) == {"decision": True}

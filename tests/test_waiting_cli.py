@@ -114,10 +114,14 @@ def test_approval_example_transcript(tmp_path: Path) -> None:
     section = text[text.index("waiting for\n") :]
     assert "  step     approval (iteration 0)\n" in section
     assert "  signal   'approval': not sent yet\n" in section
+    assert '  accepts  an approval: {"approved": true}, {"approved": false, "message"' in section
     assert re.search(r"  timeout  \S+ \S+ \(in 23h\)\n", section), section
     hint = text[text.index("next: ") :]
     assert "it waits for signal 'approval' (without it, ctx.wait_for raises SignalTimeout" in hint
-    assert f"send it with `durable-steps signal {RUN} approval --data JSON`" in hint
+    assert (
+        f"""send it with `durable-steps signal {RUN} approval --data '{{"approved": true}}'`"""
+        in (hint)
+    )
 
     bad = cli(tmp_path, "signal", RUN, "approval", "--data", "{approved: yes}")
     assert bad.returncode == 2
@@ -155,7 +159,10 @@ def test_approval_example_transcript(tmp_path: Path) -> None:
 def test_approval_example_rejected_and_timed_out(tmp_path: Path) -> None:
     """A rejection reaches the step (no refund); with no answer in time the agent escalates."""
     assert run(tmp_path, str(APPROVAL)).returncode == 0
-    data = '{"approved": false, "note": "delivered on Monday"}'
+    wrong = cli(tmp_path, "signal", RUN, "approval", "--data", '{"approved": "no"}')
+    assert wrong.returncode == 2  # not an approval: refused, nothing sent
+    assert "is not one: send {" in error_line(wrong)
+    data = '{"approved": false, "message": "delivered on Monday"}'
     assert cli(tmp_path, "signal", RUN, "approval", "--data", data).returncode == 0
     done = run(tmp_path, str(APPROVAL))
     assert f"{RUN}: rejected; reply: We cannot refund this order: delivered on Monday" in (

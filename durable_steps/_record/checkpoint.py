@@ -67,7 +67,9 @@ header says how to read the payload and where the run stands:
 ``wait``
     ``null``, or what a ``waiting`` run waits for: ``{"step", "iteration",
     "until", "signal", "since"}`` (``until`` epoch seconds or null,
-    ``signal`` a signal name or null). Set with status ``waiting`` by a
+    ``signal`` a signal name or null), and ``"accepts": "approval"`` when
+    the wait takes only an approval payload (absent: any payload; see
+    ``durable_steps._approval``). Set with status ``waiting`` by a
     step that suspended (``ctx.sleep``, ``ctx.wait_for``); cleared by the
     first write of the run once it goes on. Optional when read, like
     ``journal``.

@@ -256,6 +256,7 @@ _SHAPES: dict[str, _Shape] = {
         "until": (_or_null(_is_time), _REQUIRED_KEY),
         "signal": (_or_null(_is_str), _REQUIRED_KEY),
         "since": (_is_time, _REQUIRED_KEY),
+        "accepts": (_is_str, _OPTIONAL_KEY),  # "approval" (see _approval); absent: anything
     },
     "error": {
         "step": (_is_str, _REQUIRED_KEY),

@@ -16,8 +16,9 @@ from collections.abc import Callable
 from typing import Any
 
 from .. import _signals
+from .._approval import APPROVAL, SHAPE
 from .._record import checkpoint as ckpt
-from ..errors import DurableStepsError, SerializationError, StoreError
+from ..errors import DurableStepsError, SerializationError, SignalRefused, StoreError
 from ..serializers import SIGNED_SUFFIX, SIGNING_KEY_ENV, JSONSerializer, SignedSerializer
 from ..stores import Store
 from ._base import (
@@ -37,7 +38,7 @@ from ._format import Style, clean, echo, human_age, timestamp
 from ._indexed import locate
 from ._runs import load, pinned
 
-__all__ = ["register", "signal_sent", "wait_hint", "wait_lines", "waiting_for"]
+__all__ = ["accepts", "register", "signal_sent", "wait_hint", "wait_lines", "waiting_for"]
 
 
 def _resume() -> str:
@@ -83,12 +84,15 @@ def waiting_for(header: dict[str, Any] | None, sent: frozenset[str], now: float)
 
 
 def signal_sent(store: Store, header: ckpt.Checkpoint) -> float | None:
-    """When the signal a waiting run waits for was sent (None: not yet, or no signal)."""
+    """When the signal a waiting run waits for was sent (None: not yet, or no signal,
+    or one sent ahead whose payload the wait does not accept: it decides nothing, and
+    one of the right shape may still be sent).
+    """
     wait = _wait(header.status, header.wait)
     if wait is None or wait.get("signal") is None:
         return None
     found = store.get(_signals.signal_key(header.workflow, header.run_id, wait["signal"]))
-    if found is None:
+    if found is None or not _signals.wakes(found[0], header.run_nonce, wait.get("accepts")):
         return None
     split = ckpt.split_header(found[0])  # a signal is one JSON line, as a header is
     sent_at = split[0].get("sent_at") if split else None
@@ -107,6 +111,7 @@ def wait_lines(
     if signal is not None:
         got = f"sent {_moment(sent_at, now)}" if sent_at is not None else "not sent yet"
         pairs.append(("signal", f"{signal!r}: {got}"))
+        pairs.append(("accepts", accepts(wait)))
     if until is not None:
         label = "timeout" if signal is not None else "until"
         pairs.append((label, _moment(float(until), now)))
@@ -133,10 +138,20 @@ def wait_hint(header: ckpt.Checkpoint, sent_at: float | None, now: float) -> str
     if until is not None:
         when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(until))
         timeout = f" (without it, ctx.wait_for raises SignalTimeout after {when})"
+    data, then = "JSON", ""
+    if wait.get("accepts") == APPROVAL:
+        data, then = """'{"approved": true}'""", """ (or '{"approved": false, "message": "why"}')"""
     return (
         f"it waits for signal {signal!r}{timeout}: send it with "
-        f"`{cmd()} signal {header.run} {signal} --data JSON`, then {_resume()}"
+        f"`{cmd()} signal {header.run} {signal} --data {data}`{then}, then {_resume()}"
     )
+
+
+def accepts(wait: dict[str, Any]) -> str:
+    """What payload a wait for a signal accepts, in words (``show``, the web page)."""
+    if wait.get("accepts") == APPROVAL:
+        return f"an approval: {SHAPE}"
+    return "any JSON payload"
 
 
 def _resume_at(step: object) -> str:
@@ -164,7 +179,7 @@ def _cmd_signal(args: argparse.Namespace, store: Store, style: Style) -> int:
     signer = SignedSerializer(JSONSerializer(), key) if key else None
     try:
         sent = _signals.send(store, workflow, run_id, args.name, payload, signer)
-    except SerializationError as exc:  # too large: the user's to fix
+    except (SerializationError, SignalRefused) as exc:  # too large, wrong shape: the user's
         raise CommandError(exc.message, EXIT_USAGE) from exc
     except StoreError:
         raise
@@ -202,7 +217,9 @@ def register(command: Callable[..., Any]) -> None:
         "Send signal NAME to a run: ctx.wait_for(NAME) in its step returns the payload. The "
         "signal is a create-only object beside the run's checkpoint; the run goes on when "
         "it is run again or a worker resumes it. A name is delivered once: sending it again "
-        f"is refused (exit 4). The run must exist and not be finished (exit 3). With "
+        "is refused (exit 4). A run that waits for an approval takes only "
+        f"{SHAPE.replace('%', '%%')}: another payload is refused (exit 2). The run must exist "
+        "and not be finished (exit 3). With "
         f"${SIGNING_KEY_ENV} set the signal is signed, as a workflow with that key requires.",
     )
     sig.add_argument("run", metavar="RUN", type=run_ref, help=RUN_HELP)

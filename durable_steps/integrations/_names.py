@@ -27,6 +27,12 @@ Tool calls
     it says which tool and which arguments). Names made by earlier versions
     are unaffected: a name that fits is never shortened, and one that does
     not could not be recorded at all.
+
+Approval signals
+    A tool approval's signal is named after the tool call id as well
+    (``approve:<prefix><call id>``), and a signal name has at most 200
+    characters: a long id is shortened by the same rule (:func:`shortened`),
+    so two ids that share their first characters never share a signal.
 """
 
 from __future__ import annotations
@@ -36,7 +42,7 @@ from collections.abc import Callable
 
 from .._journal import MAX_NAME
 
-__all__ = ["MAX_TRIES", "response_name", "tool_call_name"]
+__all__ = ["MAX_TRIES", "response_name", "shortened", "tool_call_name"]
 
 MAX_TRIES = 100
 """Tries of one response a re-run looks for (pydantic-ai stops a request at 100)."""
@@ -64,8 +70,17 @@ def tool_call_name(prefix: str, call_id: str, suffix: str = "") -> str:
     """``<prefix>tool:<call_id><suffix>``, ``call_id`` shortened only when the whole
     would be longer than a journal name may be (``suffix``: ``@2`` for a reused id).
     """
-    name = f"{prefix}tool:{call_id}{suffix}"
-    if len(name) <= MAX_NAME:
-        return name
-    digest = hashlib.blake2b(call_id.encode("utf-8", "surrogatepass"), digest_size=12)
-    return f"{prefix}tool:{call_id[:_KEPT]}~{digest.hexdigest()}{suffix}"
+    room = MAX_NAME - len(f"{prefix}tool:{suffix}")
+    return f"{prefix}tool:{shortened(call_id, room)}{suffix}"
+
+
+def shortened(text: str, room: int, mark: str = "~") -> str:
+    """``text`` if it has at most ``room`` characters, else its first characters,
+    ``mark`` and a digest of the whole (65 characters): the same on every re-run,
+    different for every other ``text``. A signal name may not hold ``~``: its
+    mark is ``=``.
+    """
+    if len(text) <= room:
+        return text
+    digest = hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=12)
+    return f"{text[:_KEPT]}{mark}{digest.hexdigest()}"

@@ -44,6 +44,7 @@ from typing import Any
 
 from .._record import checkpoint as ckpt
 from .._resolve import doubt_keys
+from .._signals import refuse_unaccepted
 from ..cli._base import INVOKED, CommandError
 from ..cli._cleanup import _cmd_rm
 from ..cli._deploys import _cmd_fork
@@ -51,7 +52,7 @@ from ..cli._doubt import _cmd_resolve
 from ..cli._format import Style
 from ..cli._runs import FIRED_SKIPS_STEP, effect_label, load, open_effects
 from ..cli._waiting import _cmd_signal
-from ..errors import DefinitionError, DurableStepsError
+from ..errors import DefinitionError, DurableStepsError, SignalRefused
 from ..stores import Store, command_hint
 
 __all__ = ["ACTIONS", "Outcome", "Request", "describe", "parse", "perform"]
@@ -240,6 +241,11 @@ def describe(request: Request, store: Store) -> list[str]:
                 "again (another run under that id). Nothing was changed: reload the run's page."
             )
     if request.action == "signal":
+        header = _header(store, request)
+        try:  # refused now, not after the person confirmed
+            refuse_unaccepted(header.status, header.wait, run, request.signal, request.payload)
+        except SignalRefused as exc:
+            raise FormError(exc.message) from exc
         return [
             f"Send signal {request.signal!r} to run {run}, with the payload "
             f"{json.dumps(request.payload)}.",

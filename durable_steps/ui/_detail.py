@@ -31,7 +31,7 @@ from ..cli._runs import (
     peek_header,
     status_of,
 )
-from ..cli._waiting import signal_sent
+from ..cli._waiting import accepts, signal_sent
 from ..stores import Store
 from . import _history, _signed, _state, _timeline
 
@@ -61,6 +61,8 @@ class RunPage:
     change: list[str] = field(default_factory=list)
     waits_for: str | None = None
     """The signal name a waiting run waits for (prefills the signal form)."""
+    accepts: str = ""
+    """What payload that signal accepts, in words (the signal form says it)."""
     doubt: list[str] = field(default_factory=list)
     """What is in doubt, one line each (the resolve form is shown when there is)."""
     effect_in_doubt: bool = False
@@ -230,6 +232,8 @@ def _sections(out: RunPage, header: ckpt.Checkpoint, sent_at: float | None, now:
             out.waits_for = str(signal)
             got = f"sent {timestamp(sent_at, now)}" if sent_at is not None else "not sent yet"
             out.wait.append(("signal", f"{signal}: {got}"))
+            out.accepts = accepts(wait)
+            out.wait.append(("accepts", out.accepts))
         if until is not None:
             out.wait.append(("timeout" if signal else "until", timestamp(float(until), now)))
         out.wait.append(("since", timestamp(float(wait.get("since", now)), now)))

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 from agents import Agent, Model, MultiProvider, OpenAIConversationsSession, RunConfig, Runner
 
+from ..._approval import APPROVAL
 from ...errors import DefinitionError
 from ._approvals import decide, signal_name
 from ._binding import Binding, prefix, running
@@ -159,12 +160,20 @@ class DurableRunner:
         try:
             result = await Runner.run(start, input, run_config=run_config, **kwargs)
             resume = {k: v for k, v in kwargs.items() if k != "context"}  # the state has it
+            taken: set[str] = set()  # an earlier version's name decides one call only
             while result.interruptions:
                 state = result.to_state()
                 for item in result.interruptions:
-                    signal = signal_name(item, binding.prefix, ctx.iteration)
-                    payload = ctx.wait_for(signal, self.approval_timeout)
-                    approved, message = decide(payload, signal)
+                    signal = signal_name(
+                        item,
+                        binding.prefix,
+                        ctx.iteration,
+                        lambda entry: entry not in taken and ctx._recorded(entry),
+                    )
+                    taken.add(f"signal:{signal}")
+                    payload = ctx.wait_for(signal, self.approval_timeout, accepts=APPROVAL)
+                    where = f"{ctx.workflow}/{ctx.run_id}"
+                    approved, message = decide(payload, where, ctx.step, signal)
                     if approved:
                         state.approve(item)
                     else:
