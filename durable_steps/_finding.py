@@ -24,7 +24,7 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from . import _index, _index_read
+from . import _index, _index_read, _signals
 from ._clearing import clear_leftovers
 from ._drivers import drive_sync
 from ._events import logger
@@ -182,9 +182,43 @@ class Finder:
             if live is None:
                 return
             try:
-                self._read(live, time.time(), store_skew(self.store))
+                seen = self._read(live, time.time(), store_skew(self.store))
+                if seen is not None and seen.status == "waiting":
+                    self._orphaned(live, seen)
             except DurableStepsError as exc:  # the next scan that reads it repairs it
                 logger.info("worker %s: could not recheck run %s (%s)", self.workflow, run_id, exc)
+
+    def _orphaned(self, live: _index_read.Live, seen: _Seen) -> None:
+        """A run resumed and waiting again for a signal whose nudge it has: is the
+        signal there? If not, the nudge is an orphan — its sender died between it
+        and the signal object (see ``_signals.send``) — and trusting it would resume
+        the run at every scan, for ever. It is deleted, then the signal looked at
+        again: one that landed meanwhile gets its nudge back (the sender writes it
+        once more after the signal too, so a wake is never lost whatever the order).
+        Only after a resume came back waiting: two GETs, never per scan.
+        """
+        signal = (seen.wait or {}).get("signal")
+        if signal is None or not live.signalled(seen.nonce, signal):
+            return
+        key = _signals.signal_key(self.workflow, live.run_id, signal)
+
+        def there() -> bool:
+            got = self.store.get(key)
+            return got is not None and _signals.for_run(got[0], seen.nonce)
+
+        if there():
+            return
+        nudge = _index.nudge_key(self.workflow, live.run_id, seen.nonce, signal)
+        logger.info(
+            "worker %s: run %s was nudged for signal %r, which was never sent (its sender "
+            "died in between); the nudge is deleted",
+            self.workflow,
+            live.run_id,
+            signal,
+        )
+        self.store.delete(nudge)
+        if there():
+            drive_sync(_index.create_entry(nudge), self.store)
 
     def head(self, run_id: str) -> _Seen | None:
         """The run's head as it is now (read, not remembered), or None if it is gone."""

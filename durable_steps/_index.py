@@ -26,7 +26,11 @@ Signals
     ``wf.signal`` creates a *nudge* beside the markers before the signal
     object itself, so the scan that lists a waiting run's marker also sees
     that its signal came; a due timer is in the marker's name. A waiting run
-    is ready without a GET.
+    is ready without a GET. A sender killed between the two leaves a nudge
+    with no signal: the worker whose resume of the run finds none deletes it
+    (then looks again, and puts it back if the signal landed meanwhile), and
+    the sender writes its nudge once more after the signal, so no order of
+    the two loses a wake (see ``_finding.Finder._orphaned``).
 Finished runs
     A completed (or tombstoned) run has a *done entry* instead, named by its
     completion time inverted, so a LIST of ``done/<workflow>/`` yields the

@@ -226,14 +226,30 @@ def send(  # noqa: PLR0917 - the public wf.signal's arguments, plus where
     )
     if isinstance(nonce, str):  # the nudge first: a scan that lists the run sees it came
         drive_sync(_index.nudged(workflow, run_id, nonce, name), store)
-    key = signal_key(workflow, run_id, name)
+    if not _delivered(store, signal_key(workflow, run_id, name), data, str(nonce)):
+        return False
+    if isinstance(nonce, str):
+        # The nudge once more, after the signal (create-only: one refused PUT, as a
+        # rule). A sender killed between the two writes leaves a nudge with no
+        # signal; a worker whose resume finds none deletes it (``_finding``), so it
+        # may have deleted ours just now, before our signal landed: this puts it
+        # back. Either our nudge is written after that delete, or the worker's second
+        # look at the signal, after its delete, sees the signal and writes it.
+        drive_sync(_index.nudged(workflow, run_id, nonce, name), store)
+    return True
+
+
+def _delivered(store: Store, key: str, data: bytes, nonce: str) -> bool:
+    """Create the signal object (or replace an earlier incarnation's): False when
+    this incarnation had it already, or the run was deleted meanwhile.
+    """
     try:
         store.put(key, data, match=None)
     except CheckpointConflict:
         old = store.get(key)
         if old is None:  # deleted in between (rm of the run): nothing to deliver to
             return False
-        if for_run(old[0], str(nonce)):
+        if for_run(old[0], nonce):
             return False
         try:  # an earlier incarnation's: this run never saw it
             store.put(key, data, match=old[1])
