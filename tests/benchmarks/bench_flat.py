@@ -1,0 +1,163 @@
+"""Is a worker's scan flat in the number of finished runs? Ratios, not a timed test.
+
+    PYTHONPATH=. .venv/bin/python tests/benchmarks/bench_flat.py [--moto] [--sizes 400,4000]
+
+Beside 20 live runs (``bench_scale``'s: 8 submitted, 6 waiting for a signal, 6
+sleeping) a store holds N finished runs, and a warm ``Worker.claimable()`` (the
+second and later scans, nothing changed) is timed, median of rounds, at each N, on
+the local store and on a real SeaweedFS (``weed mini`` on loopback, as the s3 tests
+start it; ``--moto`` adds moto). Printed: requests per scan and milliseconds, and
+the larger N's time over the smaller's (the target: at most 2x).
+
+Unlike ``bench_scale``, each finished run is written as a real run leaves the index:
+its live marker created, then its completed head and done entry, then its marker
+deleted. That is what matters on SeaweedFS, whose filer keeps a directory per key
+prefix: a layout with a directory per run under ``_index/live*/`` leaves one empty
+directory per finished run behind, and a LIST walks them all. ``--old-layout``
+writes the markers where the layout before ``live2`` put them, to show the
+difference.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent.parent))
+
+import durable_steps as ds  # noqa: E402
+from durable_steps import _index  # noqa: E402
+from durable_steps._record import checkpoint as ckpt  # noqa: E402
+from tests.benchmarks.bench_scale import LIVE, _live, _workflow  # noqa: E402
+from tests.s3servers import start_moto, start_seaweedfs  # noqa: E402
+
+TARGET = 2.0
+
+
+class Counting:
+    """Counts the store's requests (a scan should be one LIST and no GET)."""
+
+    def __init__(self, inner: ds.Store) -> None:
+        self.inner, self.calls = inner, {"get": 0, "list": 0}
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    def get(self, key: str) -> Any:
+        self.calls["get"] += 1
+        return self.inner.get(key)
+
+    def list(self, prefix: str) -> Any:
+        self.calls["list"] += 1
+        return self.inner.list(prefix)
+
+
+def old_marker(header: ckpt.Checkpoint) -> str:
+    """Where the layout before ``live2`` put a run's marker (one directory per run)."""
+    name = _index.marker_of(header) or ""
+    kind = name.rpartition("~")[2].rpartition("/")[2]
+    return f"_index/live/{header.workflow}/{header.run_id}/{kind}"
+
+
+def finished(store: ds.Store, start: int, count: int, *, old: bool) -> None:
+    """``count`` finished runs, each as a run leaves the index (see the module docstring)."""
+    now = time.time()
+
+    def one(i: int) -> None:
+        run_id = f"done-{i:06d}"
+        queued = ckpt.Checkpoint("desk", run_id, ("ask",), "json", created_at=now - 86400)
+        marker = old_marker(queued) if old else _index.marker_of(queued)
+        assert marker is not None
+        store.put(marker, b"", match=None)
+        header = ckpt.Checkpoint(
+            "desk",
+            run_id,
+            ("ask",),
+            "json",
+            run_nonce=queued.run_nonce,
+            status="completed",
+            next_step=1,
+            committed=1,
+            created_at=now - 86400,
+            updated_at=now - 86400 + i,
+        )
+        store.put(ckpt.checkpoint_key("desk", run_id), ckpt.encode(header, b"{}"))
+        store.put(_index.done_key(header), b"", match=None)
+        store.delete(marker)
+
+    with ThreadPoolExecutor(16) as pool:
+        list(pool.map(one, range(start, start + count)))
+
+
+def warm_scan(store: ds.Store, rounds: int) -> tuple[float, dict[str, int], int]:
+    """Median seconds of a warm scan, its requests, and how many runs it found."""
+    counting = Counting(store)
+    worker = ds.Worker(_workflow(counting))
+    found = len(worker.claimable())
+    worker.claimable()
+    counting.calls = {"get": 0, "list": 0}
+    times = []
+    for _ in range(rounds):
+        began = time.perf_counter()
+        worker.claimable()
+        times.append(time.perf_counter() - began)
+    calls = {k: v // rounds for k, v in counting.calls.items()}
+    return statistics.median(times), calls, found
+
+
+def measure(name: str, store: ds.Store, sizes: list[int], rounds: int, old: bool) -> list[str]:
+    """The scan at each size (finished runs added to the same store), and the ratio."""
+    _live(_workflow(store), time.time() + 3600)
+    lines, times, have = [], [], 0
+    for size in sizes:
+        began = time.perf_counter()
+        finished(store, have, size - have, old=old)
+        have = size
+        wrote = time.perf_counter() - began
+        seconds, calls, found = warm_scan(store, rounds)
+        times.append(seconds)
+        lines.append(
+            f"{name:10} {size:>6} finished  warm scan {seconds * 1000:7.1f} ms  "
+            f"{calls['get']} GET {calls['list']} LIST  found {found}/{LIVE['queued']}  "
+            f"(written in {wrote:.0f} s)"
+        )
+    ratio = times[-1] / times[0]
+    verdict = "PASS" if ratio <= TARGET else "MISS"
+    lines.append(f"{name:10} ratio {sizes[-1]}/{sizes[0]}: {ratio:.2f}x  (target <= {TARGET}x) {verdict}")
+    return lines
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sizes", default="400,4000")
+    parser.add_argument("--rounds", type=int, default=9)
+    parser.add_argument("--moto", action="store_true", help="moto server too")
+    parser.add_argument("--no-local", action="store_true")
+    parser.add_argument("--old-layout", action="store_true", help="markers as before live2")
+    args = parser.parse_args()
+    sizes = [int(s) for s in args.sizes.split(",")]
+    tmp = Path(tempfile.mkdtemp(prefix="bench-flat-"))
+    out: list[str] = []
+    if not args.no_local:
+        out += measure("local", ds.LocalStore(tmp / "local"), sizes, args.rounds, args.old_layout)
+    starts = [start_seaweedfs] + ([start_moto] if args.moto else [])
+    for start in starts:
+        server = start(tmp / start.__name__)
+        try:
+            bucket = server.make_bucket()
+            store = ds.S3Store(bucket, f"flat-{uuid.uuid4().hex[:6]}", client=server.client())
+            out += measure(server.name, store, sizes, args.rounds, args.old_layout)
+        finally:
+            server.stop()
+    print("\n".join(out))
+
+
+if __name__ == "__main__":
+    main()
