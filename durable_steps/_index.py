@@ -161,9 +161,11 @@ LIVE = f"{ROOT}live2/"
 """Where the live entries are, flat (see the module docstring)."""
 OLD_LIVE = f"{ROOT}live/"
 """Where the earlier layout put them, a folder per run (read by ``reindex`` only)."""
-LONG_RUN_ID = 160
-"""Run ids longer than this keep a folder of their entries (file names stay <= 255)."""
-SIGNAL_CHARS = 48
+LONG_RUN_ID = 128
+"""Run ids longer than this keep a folder of their entries: the longest flat name,
+``<run_id>~waiting-<nonce16>-<until13>-<signal32>``, is then 200 characters, and the
+local store's data file (``.v-<name>-<32 hex>``) stays within 255 bytes."""
+SIGNAL_CHARS = 32
 """Signal names longer than this are named by :func:`signal_token` in entry names."""
 GRACE = 900.0
 """Seconds an entry whose head is missing (or another nonce's) is kept: a

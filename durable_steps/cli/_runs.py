@@ -101,6 +101,8 @@ def _listing(
     signals: dict[tuple[str, str], set[str]] = {}
     for info in store.list(f"{workflow}/" if workflow else ""):
         parts = info.key.split("/")
+        if parts[0].startswith("_"):  # _index/: no run's (no workflow name starts with _)
+            continue
         if len(parts) == 3 and parts[2] == ckpt.CHECKPOINT_OBJECT:
             keys.append((parts[0], parts[1], info.key))
         elif len(parts) == 4 and parts[2] == "signals" and parts[3]:

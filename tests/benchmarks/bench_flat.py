@@ -130,7 +130,9 @@ def measure(name: str, store: ds.Store, sizes: list[int], rounds: int, old: bool
         )
     ratio = times[-1] / times[0]
     verdict = "PASS" if ratio <= TARGET else "MISS"
-    lines.append(f"{name:10} ratio {sizes[-1]}/{sizes[0]}: {ratio:.2f}x  (target <= {TARGET}x) {verdict}")
+    lines.append(
+        f"{name:10} ratio {sizes[-1]}/{sizes[0]}: {ratio:.2f}x  (target <= {TARGET}x) {verdict}"
+    )
     return lines
 
 
