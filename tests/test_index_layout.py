@@ -64,7 +64,8 @@ def test_a_store_in_the_earlier_layout_is_found_and_reindex_reads_only_its_live_
     assert wf.signal("r-wait", "approval", "go")  # its nudge moves with it
     to_earlier_layout(store)
     assert any(k.startswith(_index.OLD_LIVE) for k in entries(store))
-    assert not covered(store, None) and not covered(store, "desk")
+    assert not covered(store, None)
+    assert not covered(store, "desk")
 
     with caplog.at_level(logging.WARNING, logger="durable_steps"):
         assert sorted(ds.Worker(desk(store)).claimable()) == ["r-queued", "r-wait"]
@@ -153,14 +154,16 @@ def test_a_long_run_id_keeps_a_folder_and_a_long_signal_name_is_hashed(tmp_path:
         assert wf.signal(run_id, signal, run_id[0])
     keys = [i.key for i in store.list(_index.LIVE)]
     token = _index.signal_token(signal)
-    assert token.startswith("_") and len(token) == 13
+    assert token.startswith("_")
+    assert len(token) == 13
     assert all(token in k and signal not in k for k in keys)
     assert {len(k.split("/")) for k in keys if long_id in k} == {5}  # a folder
     assert {len(k.split("/")) for k in keys if flat_id in k} == {4}
     assert all(len(k.rpartition("/")[2].encode()) <= 255 - len(".v--") - 32 for k in keys)
     for key in keys:
         entry = _index.parse(ObjectInfo(key, "v", 0, 0))
-        assert entry is not None and entry.run_id in (long_id, flat_id)
+        assert entry is not None
+        assert entry.run_id in (long_id, flat_id)
     report = ds.Worker(wf, poll=0.05).run(until_idle=True)
     assert sorted(report.completed) == sorted([long_id, flat_id])
     assert wf.run(long_id) == {"got": "L"}

@@ -32,11 +32,11 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent.parent))
 
-import durable_steps as ds  # noqa: E402
-from durable_steps import _index  # noqa: E402
-from durable_steps._record import checkpoint as ckpt  # noqa: E402
-from tests.benchmarks.bench_scale import LIVE, _live, _workflow  # noqa: E402
-from tests.s3servers import start_moto, start_seaweedfs  # noqa: E402
+import durable_steps as ds
+from durable_steps import _index
+from durable_steps._record import checkpoint as ckpt
+from tests.benchmarks.bench_scale import LIVE, _live, _workflow
+from tests.s3servers import start_moto, start_seaweedfs
 
 TARGET = 2.0
 
