@@ -13,9 +13,12 @@ Unlike ``bench_scale``, each finished run is written as a real run leaves the in
 its live marker created, then its completed head and done entry, then its marker
 deleted. That is what matters on SeaweedFS, whose filer keeps a directory per key
 prefix: a layout with a directory per run under ``_index/live*/`` leaves one empty
-directory per finished run behind, and a LIST walks them all. ``--old-layout``
-writes the markers where the layout before ``live2`` put them, to show the
-difference.
+directory per finished run behind, and a LIST walks them all. To see the earlier
+layout's figures, run this script on a checkout from before ``live2`` (it writes the
+markers where that checkout's ``_index.marker_of`` names them).
+
+CPU contention on a shared machine shows as noise in milliseconds: use ``--rounds``
+(31 for the figures in docs/performance.md); the sizes' scans are interleaved.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -59,21 +63,14 @@ class Counting:
         return self.inner.list(prefix)
 
 
-def old_marker(header: ckpt.Checkpoint) -> str:
-    """Where the layout before ``live2`` put a run's marker (one directory per run)."""
-    name = _index.marker_of(header) or ""
-    kind = name.rpartition("~")[2].rpartition("/")[2]
-    return f"_index/live/{header.workflow}/{header.run_id}/{kind}"
-
-
-def finished(store: ds.Store, start: int, count: int, *, old: bool) -> None:
+def finished(store: ds.Store, start: int, count: int) -> None:
     """``count`` finished runs, each as a run leaves the index (see the module docstring)."""
     now = time.time()
 
     def one(i: int) -> None:
         run_id = f"done-{i:06d}"
         queued = ckpt.Checkpoint("desk", run_id, ("ask",), "json", created_at=now - 86400)
-        marker = old_marker(queued) if old else _index.marker_of(queued)
+        marker = _index.marker_of(queued)
         assert marker is not None
         store.put(marker, b"", match=None)
         header = ckpt.Checkpoint(
@@ -96,39 +93,41 @@ def finished(store: ds.Store, start: int, count: int, *, old: bool) -> None:
         list(pool.map(one, range(start, start + count)))
 
 
-def warm_scan(store: ds.Store, rounds: int) -> tuple[float, dict[str, int], int]:
-    """Median seconds of a warm scan, its requests, and how many runs it found."""
-    counting = Counting(store)
-    worker = ds.Worker(_workflow(counting))
-    found = len(worker.claimable())
-    worker.claimable()
-    counting.calls = {"get": 0, "list": 0}
-    times = []
-    for _ in range(rounds):
-        began = time.perf_counter()
-        worker.claimable()
-        times.append(time.perf_counter() - began)
-    calls = {k: v // rounds for k, v in counting.calls.items()}
-    return statistics.median(times), calls, found
+def measure(
+    name: str, open_store: Callable[[], ds.Store], sizes: list[int], rounds: int
+) -> list[str]:
+    """The warm scan at each size, each in a store of its own, and the ratio.
 
-
-def measure(name: str, store: ds.Store, sizes: list[int], rounds: int, old: bool) -> list[str]:
-    """The scan at each size (finished runs added to the same store), and the ratio."""
-    _live(_workflow(store), time.time() + 3600)
-    lines, times, have = [], [], 0
+    The scans of the sizes are interleaved, one of each per round, so that what
+    else runs on the machine slows them alike; each size's time is the median.
+    """
+    workers, counters, lines = [], [], []
     for size in sizes:
+        store = Counting(open_store())
+        _live(_workflow(store.inner), time.time() + 3600)
         began = time.perf_counter()
-        finished(store, have, size - have, old=old)
-        have = size
-        wrote = time.perf_counter() - began
-        seconds, calls, found = warm_scan(store, rounds)
-        times.append(seconds)
+        finished(store.inner, 0, size)
+        lines.append(f"{name:10} {size:>6} finished written in {time.perf_counter() - began:.0f} s")
+        worker = ds.Worker(_workflow(store))
+        assert len(worker.claimable()) == LIVE["queued"]  # cold: reads what it must
+        worker.claimable()
+        store.calls = {"get": 0, "list": 0}
+        workers.append(worker)
+        counters.append(store)
+    times: list[list[float]] = [[] for _ in sizes]
+    for _ in range(rounds):
+        for worker, spent in zip(workers, times, strict=True):
+            began = time.perf_counter()
+            worker.claimable()
+            spent.append(time.perf_counter() - began)
+    medians = [statistics.median(t) for t in times]
+    for size, seconds, store in zip(sizes, medians, counters, strict=True):
+        calls = {k: v // rounds for k, v in store.calls.items()}
         lines.append(
             f"{name:10} {size:>6} finished  warm scan {seconds * 1000:7.1f} ms  "
-            f"{calls['get']} GET {calls['list']} LIST  found {found}/{LIVE['queued']}  "
-            f"(written in {wrote:.0f} s)"
+            f"{calls['get']} GET {calls['list']} LIST per scan"
         )
-    ratio = times[-1] / times[0]
+    ratio = medians[-1] / medians[0]
     verdict = "PASS" if ratio <= TARGET else "MISS"
     lines.append(
         f"{name:10} ratio {sizes[-1]}/{sizes[0]}: {ratio:.2f}x  (target <= {TARGET}x) {verdict}"
@@ -142,20 +141,23 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=9)
     parser.add_argument("--moto", action="store_true", help="moto server too")
     parser.add_argument("--no-local", action="store_true")
-    parser.add_argument("--old-layout", action="store_true", help="markers as before live2")
     args = parser.parse_args()
     sizes = [int(s) for s in args.sizes.split(",")]
     tmp = Path(tempfile.mkdtemp(prefix="bench-flat-"))
     out: list[str] = []
     if not args.no_local:
-        out += measure("local", ds.LocalStore(tmp / "local"), sizes, args.rounds, args.old_layout)
+        local = lambda: ds.LocalStore(tmp / uuid.uuid4().hex[:6])  # noqa: E731
+        out += measure("local", local, sizes, args.rounds)
     starts = [start_seaweedfs] + ([start_moto] if args.moto else [])
     for start in starts:
         server = start(tmp / start.__name__)
         try:
-            bucket = server.make_bucket()
-            store = ds.S3Store(bucket, f"flat-{uuid.uuid4().hex[:6]}", client=server.client())
-            out += measure(server.name, store, sizes, args.rounds, args.old_layout)
+            bucket, client = server.make_bucket(), server.client()
+
+            def remote(bucket: str = bucket, client: Any = client) -> ds.Store:
+                return ds.S3Store(bucket, f"flat-{uuid.uuid4().hex[:6]}", client=client)
+
+            out += measure(server.name, remote, sizes, args.rounds)
         finally:
             server.stop()
     print("\n".join(out))
