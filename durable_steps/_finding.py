@@ -12,7 +12,8 @@ on this host whose process is gone is noticed from memory) or its markers
 change. A scan in which nothing changed reads nothing but the listing.
 
 A store whose index is not complete — runs written by an earlier version,
-before ``durable-steps reindex`` — is scanned the old way: one LIST of the
+or an index in the earlier layout (a folder per run), before ``durable-steps
+reindex`` — is scanned the old way: one LIST of the
 whole workflow and a GET of each head whose version changed, with a warning
 that says what to run.
 """
@@ -315,7 +316,8 @@ class Finder:
             self._warned = True
             logger.warning(
                 "worker %s: this store has runs written before the index of runs (or the "
-                "index is not complete), so every scan lists and reads every run. Run "
+                "index is not complete, or in an earlier layout), so every scan lists and "
+                "reads every run. Run "
                 "`%s reindex --workflow %s` once to make scans cost only the live runs.",
                 self.workflow,
                 command_hint(self.store),

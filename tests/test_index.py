@@ -92,10 +92,13 @@ def consistent(store: ds.Store) -> None:
 # --- names ---------------------------------------------------------------------------
 
 
+long_names = st.from_regex(r"[A-Za-z0-9][A-Za-z0-9._@=+:-]{100,199}", fullmatch=True)
+
+
 @given(
     workflow=names,
-    run_id=names,
-    signal=st.none() | names,
+    run_id=names | long_names,  # over LONG_RUN_ID: a folder of its own
+    signal=st.none() | names | long_names,  # over SIGNAL_CHARS: its token
     until=st.none() | st.floats(1e9, 4e9),
     status=st.sampled_from(["running", "waiting", "failed", "in_doubt", "completed", "deleted"]),
     owned=st.booleans(),
@@ -130,8 +133,9 @@ def test_an_entry_name_says_what_its_head_says(
     assert header.run_nonce.startswith(entry.nonce)
     kind = _index.class_of(header)
     assert entry.kind == (status if kind is None else kind)
+    token = None if signal is None else _index.signal_token(signal)
     if status == "waiting":
-        assert entry.signal == signal
+        assert entry.signal == token
         assert entry.until == (None if until is None else int(until * 1000) / 1000)
     if kind is None:
         assert entry.finished == pytest.approx(header.updated_at, abs=0.001)
@@ -140,7 +144,7 @@ def test_an_entry_name_says_what_its_head_says(
             ObjectInfo(_index.nudge_key(workflow, run_id, header.run_nonce, signal), "v", 0, 0)
         )
         assert nudge is not None
-        assert (nudge.kind, nudge.signal, nudge.run_id) == ("signal", signal, run_id)
+        assert (nudge.kind, nudge.signal, nudge.run_id) == ("signal", token, run_id)
 
 
 def test_what_is_not_an_entry_is_not_taken_for_one() -> None:
