@@ -12,7 +12,8 @@ on this host whose process is gone is noticed from memory) or its markers
 change. A scan in which nothing changed reads nothing but the listing.
 
 A store whose index is not complete — runs written by an earlier version,
-before ``durable-steps reindex`` — is scanned the old way: one LIST of the
+or an index in the earlier layout (a folder per run), before ``durable-steps
+reindex`` — is scanned the old way: one LIST of the
 whole workflow and a GET of each head whose version changed, with a warning
 that says what to run.
 """
@@ -24,7 +25,7 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from . import _index, _index_read
+from . import _index, _index_read, _signals
 from ._clearing import clear_leftovers
 from ._drivers import drive_sync
 from ._events import logger
@@ -182,9 +183,45 @@ class Finder:
             if live is None:
                 return
             try:
-                self._read(live, time.time(), store_skew(self.store))
+                seen = self._read(live, time.time(), store_skew(self.store))
+                if seen is not None and seen.status == "waiting":
+                    self._orphaned(live, seen)
             except DurableStepsError as exc:  # the next scan that reads it repairs it
                 logger.info("worker %s: could not recheck run %s (%s)", self.workflow, run_id, exc)
+
+    def _orphaned(self, live: _index_read.Live, seen: _Seen) -> None:
+        """A run resumed and waiting again for a signal whose nudge it has: is the
+        signal there, and one its wait takes? If not, the nudge is an orphan — its
+        sender died between it and the signal object (see ``_signals.send``), or it
+        sent a payload the wait does not accept (an approval of another shape,
+        sent before the run waited), which decides nothing — and trusting it
+        would resume the run at every scan, for ever. It is deleted, then the signal looked at
+        again: one that landed meanwhile gets its nudge back (the sender writes it
+        once more after the signal too, so a wake is never lost whatever the order).
+        Only after a resume came back waiting: two GETs, never per scan.
+        """
+        signal, accepts = (seen.wait or {}).get("signal"), (seen.wait or {}).get("accepts")
+        if signal is None or not live.signalled(seen.nonce, signal):
+            return
+        key = _signals.signal_key(self.workflow, live.run_id, signal)
+
+        def there() -> bool:
+            got = self.store.get(key)
+            return got is not None and _signals.wakes(got[0], seen.nonce, accepts)
+
+        if there():
+            return
+        nudge = _index.nudge_key(self.workflow, live.run_id, seen.nonce, signal)
+        logger.info(
+            "worker %s: run %s was nudged for signal %r, which was never sent (its sender "
+            "died in between) or is not of a shape its wait accepts; the nudge is deleted",
+            self.workflow,
+            live.run_id,
+            signal,
+        )
+        self.store.delete(nudge)
+        if there():
+            drive_sync(_index.create_entry(nudge), self.store)
 
     def head(self, run_id: str) -> _Seen | None:
         """The run's head as it is now (read, not remembered), or None if it is gone."""
@@ -281,7 +318,8 @@ class Finder:
             self._warned = True
             logger.warning(
                 "worker %s: this store has runs written before the index of runs (or the "
-                "index is not complete), so every scan lists and reads every run. Run "
+                "index is not complete, or in an earlier layout), so every scan lists and "
+                "reads every run. Run "
                 "`%s reindex --workflow %s` once to make scans cost only the live runs.",
                 self.workflow,
                 command_hint(self.store),

@@ -8,10 +8,11 @@ head. It lives in key *names*, under the reserved top-level prefix
 prefix answers the question and an entry's name carries what a reader
 needs — no GET of a finished run, none at all when nothing changed::
 
-    _index/live/<workflow>/<run_id>/<class>-<nonce16>[-<until_ms>-<signal>]
-    _index/live/<workflow>/<run_id>/signal-<nonce16>-<name>
+    _index/live2/<workflow>/<run_id>~<class>-<nonce16>[-<until_ms>-<signal>]
+    _index/live2/<workflow>/<run_id>~signal-<nonce16>-<name>
     _index/done/<workflow>/<inv_hour>/<inv_ms>-<nonce16>-<status>-<run_id>
-    _index/workflows/<workflow>
+    _index/workflows/<workflow>/flat
+    _index/flat-complete
 
 Live markers
     A live run (not completed, not deleted) has a *marker* naming its class
@@ -26,20 +27,47 @@ Signals
     ``wf.signal`` creates a *nudge* beside the markers before the signal
     object itself, so the scan that lists a waiting run's marker also sees
     that its signal came; a due timer is in the marker's name. A waiting run
-    is ready without a GET.
+    is ready without a GET. A sender killed between the two leaves a nudge
+    with no signal: the worker whose resume of the run finds none deletes it
+    (then looks again, and puts it back if the signal landed meanwhile), and
+    the sender writes its nudge once more after the signal, so no order of
+    the two loses a wake (see ``_finding.Finder._orphaned``).
 Finished runs
     A completed (or tombstoned) run has a *done entry* instead, named by its
     completion time inverted, so a LIST of ``done/<workflow>/`` yields the
     newest first and ``ls --limit N`` reads N entries at any size; the hour
     bucket keeps each directory of the local store bounded. ``prune``
     reads the completion time from the name.
+Flat: no directory per run
+    The live entries are named *beside* each other under the workflow's
+    prefix — ``<run_id>~<name>``, ``~`` being in no run id — not in a folder
+    per run. A store that keeps a directory per key prefix (SeaweedFS's filer;
+    the local store, which removes its empty ones) would otherwise keep one
+    empty directory for every run that ever lived once its markers are
+    deleted, and a LIST of the live runs walks them all: on SeaweedFS a
+    warm scan beside 20 live runs grew 12x from 400 to 4,000 finished runs
+    (``tests/benchmarks/bench_flat.py``; docs/performance.md). Flat, what a
+    scan lists is what is live. The file name must still fit in 255 bytes on
+    the local store: a run id over :data:`LONG_RUN_ID` characters keeps a
+    folder (``<run_id>/<name>``, rare, and left empty when it ends), and a
+    signal name over :data:`SIGNAL_CHARS` characters appears in a marker or a
+    nudge as ``_`` and 12 hex digits of its SHA-256 (:func:`signal_token`:
+    no signal name starts with ``_``; readers compare tokens). The earlier
+    layout, ``_index/live/<workflow>/<run_id>/<name>``, is read only by
+    ``reindex``, which moves a store out of it (see the registry).
 The registry
-    ``workflows/<workflow>`` (``{"indexed": bool}``) names the workflows, for a
-    bare run id and for ``ls`` of every workflow. ``indexed`` is true when
-    every run of the workflow was made under this layout (the first run of
-    an empty workflow says so) or ``durable-steps reindex`` built it; false
-    when runs written by an earlier version may lack entries: readers then
-    list every run, as before, and say what to run.
+    ``workflows/<workflow>/<state>`` names the workflows, for a bare run id
+    and for ``ls`` of every workflow. The state ``flat`` says that every run
+    of the workflow has its entries in this layout (the first run of an
+    empty workflow says so, or ``durable-steps reindex`` built or moved
+    them); ``partial`` (runs written by a version before the index may lack
+    entries) and ``indexed`` (complete, but in the earlier per-run-folder
+    layout) make readers list every run, as before, and say what to run.
+    ``flat-complete`` says every workflow of the store is registered. Both
+    are names a release of the earlier layout does not know (its
+    ``_index/complete`` is no prefix of them): a reader of that release never
+    trusts an index it cannot read, it lists every run of a store this
+    layout made.
 
 The protocol (why a crash at any instant loses no run)
     A run is *findable* while its head is live and at least one marker of
@@ -97,37 +125,76 @@ Mixed versions (the upgrade rule)
     listing of every run, which the index exists to avoid.
 
 This module names the entries and writes them as runs change class;
-:mod:`durable_steps._index_read` lists them and repairs what it finds stale.
+:mod:`durable_steps._index_read` lists them and repairs what it finds stale;
+:mod:`durable_steps._index_registry` keeps the registry.
 """
 
 from __future__ import annotations
 
-import contextlib
+import hashlib
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from ._drivers import Delete, ListObjects, Protocol, Put
+from ._drivers import Delete, ListObjects, Protocol
 from ._events import logger
-from .errors import CheckpointConflict, StoreError
+from ._index_registry import (  # the registry: which workflows the index covers, in which layout
+    _REGISTERED,
+    COMPLETE,
+    OLD_COMPLETE,
+    ROOT,
+    complete,
+    create_entry,
+    mark_indexed,
+    registered,
+    registry,
+    registry_key,
+    workflows,
+)
+from .errors import StoreError
 
 if TYPE_CHECKING:
     from ._record.checkpoint import Checkpoint
     from .stores import ObjectInfo
 
 __all__ = [
+    "COMPLETE",
     "GRACE",
+    "LIVE",
     "LIVE_CLASSES",
+    "OLD_COMPLETE",
+    "OLD_LIVE",
+    "ROOT",
+    "_REGISTERED",
     "Entry",
     "class_of",
+    "complete",
+    "create_entry",
     "done_key",
     "done_prefix",
     "live_prefix",
+    "mark_indexed",
     "marker_of",
+    "nudge_key",
+    "old_live_prefix",
     "parse",
+    "registered",
+    "registry",
+    "registry_key",
+    "signal_token",
+    "workflows",
 ]
 
-ROOT = "_index/"
+LIVE = f"{ROOT}live2/"
+"""Where the live entries are, flat (see the module docstring)."""
+OLD_LIVE = f"{ROOT}live/"
+"""Where the earlier layout put them, a folder per run (read by ``reindex`` only)."""
+LONG_RUN_ID = 128
+"""Run ids longer than this keep a folder of their entries: the longest flat name,
+``<run_id>~waiting-<nonce16>-<until13>-<signal32>``, is then 200 characters, and the
+local store's data file (``.v-<name>-<32 hex>``) stays within 255 bytes."""
+SIGNAL_CHARS = 32
+"""Signal names longer than this are named by :func:`signal_token` in entry names."""
 GRACE = 900.0
 """Seconds an entry whose head is missing (or another nonce's) is kept: a
 creation in progress has written its marker and not yet its head."""
@@ -141,20 +208,36 @@ _HOUR_MS = 3_600_000
 
 
 def live_prefix(workflow: str | None = None, run_id: str | None = None) -> str:
-    """Where live markers are: all, one workflow's, or one run's."""
+    """Where live entries are: all, one workflow's, or one run's (a key prefix, a
+    folder only for a run id over :data:`LONG_RUN_ID` characters).
+    """
     if workflow is None:
-        return f"{ROOT}live/"
-    return f"{ROOT}live/{workflow}/" + (f"{run_id}/" if run_id is not None else "")
+        return LIVE
+    if run_id is None:
+        return f"{LIVE}{workflow}/"
+    return f"{LIVE}{workflow}/{run_id}" + ("/" if len(run_id) > LONG_RUN_ID else "~")
+
+
+def old_live_prefix(workflow: str | None = None, run_id: str | None = None) -> str:
+    """:func:`live_prefix` in the earlier layout (a folder per run)."""
+    if workflow is None:
+        return OLD_LIVE
+    return f"{OLD_LIVE}{workflow}/" + (f"{run_id}/" if run_id is not None else "")
+
+
+def signal_token(name: str) -> str:
+    """How signal ``name`` appears in an entry's name: itself, or ``_`` and 12 hex
+    digits of its SHA-256 when longer than :data:`SIGNAL_CHARS` (a token given
+    again is returned as it is: no signal name starts with ``_``).
+    """
+    if len(name) <= SIGNAL_CHARS or name.startswith("_"):
+        return name
+    return "_" + hashlib.sha256(name.encode()).hexdigest()[:12]
 
 
 def done_prefix(workflow: str) -> str:
     """Where a workflow's done entries are, newest first."""
     return f"{ROOT}done/{workflow}/"
-
-
-def registry_key(workflow: str | None = None) -> str:
-    """The registry entry of ``workflow`` (or the prefix of them all)."""
-    return f"{ROOT}workflows/" + (workflow or "")
 
 
 def class_of(header: Checkpoint) -> str | None:
@@ -178,13 +261,14 @@ def marker_of(header: Checkpoint) -> str | None:
     if kind == "waiting" and header.wait is not None:
         until = header.wait.get("until")
         due = "x" if until is None else str(int(until * 1000))
-        name += f"-{due}-{header.wait.get('signal') or ''}"
+        signal = header.wait.get("signal")
+        name += f"-{due}-{signal_token(signal) if signal else ''}"
     return live_prefix(header.workflow, header.run_id) + name
 
 
 def nudge_key(workflow: str, run_id: str, nonce: str, signal: str) -> str:
     """The nudge ``wf.signal`` leaves for a waiting run's scanners."""
-    return live_prefix(workflow, run_id) + f"signal-{nonce[:NONCE_CHARS]}-{signal}"
+    return live_prefix(workflow, run_id) + f"signal-{nonce[:NONCE_CHARS]}-{signal_token(signal)}"
 
 
 def nudged(workflow: str, run_id: str, nonce: str, signal: str) -> Protocol[None]:
@@ -220,6 +304,7 @@ class Entry:
     nonce: str
     until: float | None = None
     signal: str | None = None
+    """The signal a waiting marker waits for, or a nudge's, as :func:`signal_token` has it."""
     finished: float | None = None
     """Done entries: when the run finished (epoch seconds)."""
     modified: float = 0.0
@@ -228,8 +313,13 @@ class Entry:
 def parse(info: ObjectInfo) -> Entry | None:
     """The entry an index key names; None for anything else found there."""
     parts = info.key.split("/")
-    if len(parts) == 5 and parts[:2] == ["_index", "live"]:
+    if len(parts) == 5 and parts[:2] == ["_index", "live"]:  # the earlier layout
         return _live_entry(info, parts[2], parts[3], parts[4])
+    if len(parts) in (4, 5) and parts[:2] == ["_index", "live2"]:
+        if len(parts) == 5:  # a long run id's folder
+            return _live_entry(info, parts[2], parts[3], parts[4])
+        run_id, flat, name = parts[3].partition("~")
+        return _live_entry(info, parts[2], run_id, name) if flat and run_id else None
     if len(parts) == 5 and parts[:2] == ["_index", "done"]:
         inverted, _, rest = parts[4].partition("-")
         nonce, _, rest = rest.partition("-")
@@ -300,7 +390,7 @@ def leaving(before: str | None, header: Checkpoint) -> Protocol[str | None]:
     """
     if before is None or entry_of(header) == before:
         return None
-    kind = before.rpartition("/")[2].partition("-")[0]
+    kind = before.rpartition("/")[2].rpartition("~")[2].partition("-")[0]
     if not (before.startswith(live_prefix()) and kind in HIDING):
         return None
     yield from create_entry(entry_of(header))
@@ -334,10 +424,12 @@ def moved(before: str | None, header: Checkpoint) -> Protocol[str]:
 def removed(workflow: str, run_id: str, raw: dict[str, Any] | None) -> Protocol[None]:
     """After a run's head was deleted (``rm``, ``prune``): all its entries (``raw``,
     the deleted head's fields, names its done entry; a corrupt one's is left to
-    ``prune``, which finds it by its missing head).
+    ``prune``, which finds it by its missing head). Those of the earlier layout
+    too: one LIST more, for a run ``reindex`` has not moved yet.
     """
-    for info in (yield ListObjects(live_prefix(workflow, run_id))):
-        yield Delete(info.key, None)
+    for prefix in (live_prefix(workflow, run_id), old_live_prefix(workflow, run_id)):
+        for info in (yield ListObjects(prefix)):
+            yield Delete(info.key, None)
     done = done_key_of(workflow, run_id, raw)
     if done is not None:
         yield Delete(done, None)
@@ -354,81 +446,8 @@ def done_key_of(workflow: str, run_id: str, raw: dict[str, Any] | None) -> str |
     return done_entry(workflow, run_id, nonce, str(status), float(when))
 
 
-def create_entry(key: str) -> Protocol[None]:
-    """Create an entry; one that exists already is just as good."""
-    with contextlib.suppress(CheckpointConflict):
-        yield Put(key, b"", None)
-
-
 def _quietly(effect: Delete) -> Protocol[None]:
     try:
         yield effect
     except StoreError as exc:
         logger.info("could not delete index entry %s (%s)", effect.key, exc)
-
-
-# --- the registry ------------------------------------------------------------------------
-
-_REGISTERED: set[tuple[str, str]] = set()
-"""(store, workflow) pairs this process knows to be in the registry."""
-
-
-def registered(store_id: str, workflow: str, run_id: str | None = None) -> Protocol[None]:
-    """Make sure ``workflow`` is in the registry, once per process and store.
-
-    The first run of a workflow with no objects yet registers it as indexed;
-    a workflow that already has objects (runs written by an earlier version)
-    as partial, until ``reindex`` builds what they lack. The objects of
-    ``run_id`` itself (the run being created: a big first state writes its
-    base part before its head) are no earlier version's.
-    """
-    if (store_id, workflow) in _REGISTERED:
-        return
-    own = f"{workflow}/{run_id}/" if run_id is not None else None
-
-    def others(infos: list[ObjectInfo]) -> bool:
-        return any(own is None or not i.key.startswith(own) for i in infos)
-
-    found = yield ListObjects(registry_key(workflow) + "/")
-    if not found:
-        # Two keys: the first may be the new run's own part, which sorts first
-        # only if nothing else does; anything else there sorts after it or before.
-        if not others((yield ListObjects("", 2))):  # a new store: nothing written unindexed
-            yield from create_entry(COMPLETE)
-            existing = False
-        else:
-            existing = others((yield ListObjects(f"{workflow}/", 2)))
-        yield from create_entry(registry_key(workflow) + ("/partial" if existing else "/indexed"))
-    _REGISTERED.add((store_id, workflow))
-
-
-COMPLETE = f"{ROOT}complete"
-"""Exists when every workflow of the store is in the registry (a store this layout
-made from its first run, or one ``reindex`` went through whole): a run id found in
-no registered workflow is then in none."""
-
-
-def complete() -> Protocol[bool]:
-    """Whether the registry names every workflow of the store (see :data:`COMPLETE`)."""
-    return bool((yield ListObjects(COMPLETE, 1)))
-
-
-def workflows() -> Protocol[dict[str, bool]]:
-    """The registered workflows, each with whether its index is complete."""
-    found: dict[str, bool] = {}
-    for info in (yield ListObjects(registry_key())):
-        workflow, _, state = info.key[len(registry_key()) :].partition("/")
-        if state in ("indexed", "partial"):
-            found[workflow] = found.get(workflow, False) or state == "indexed"
-    return found
-
-
-def mark_indexed(workflow: str | None) -> Protocol[None]:
-    """``reindex`` built the workflow's entries (with None: the whole store's, and
-    every workflow is registered): readers may trust the index.
-    """
-    if workflow is None:
-        yield from create_entry(COMPLETE)
-        return
-    yield from create_entry(registry_key(workflow) + "/indexed")
-    yield Delete(registry_key(workflow) + "/partial", None)

@@ -23,6 +23,7 @@ from ._index import (
     live_prefix,
     marker_of,
     parse,
+    signal_token,
 )
 from .errors import DurableStepsError, StoreError
 
@@ -63,7 +64,8 @@ class Live:
 
     def signalled(self, nonce: str, signal: str) -> bool:
         """Whether signal ``signal`` was sent to the run with ``nonce``."""
-        return any(n.signal == signal and n.nonce == nonce[:NONCE_CHARS] for n in self.nudges)
+        token = signal_token(signal)
+        return any(n.signal == token and n.nonce == nonce[:NONCE_CHARS] for n in self.nudges)
 
 
 def live_runs(workflow: str | None = None) -> Protocol[list[Live]]:

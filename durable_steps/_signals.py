@@ -264,18 +264,36 @@ def send(  # noqa: PLR0917 - the public wf.signal's arguments, plus where
     )
     if isinstance(nonce, str):  # the nudge first: a scan that lists the run sees it came
         drive_sync(_index.nudged(workflow, run_id, nonce, name), store)
-    key = signal_key(workflow, run_id, name)
+    wait = header.get("wait") if status == "waiting" else None
+    taking = wait if isinstance(wait, dict) and wait.get("signal") == name else None
+    if not _delivered(store, signal_key(workflow, run_id, name), data, str(nonce), taking):
+        return False
+    if isinstance(nonce, str):
+        # The nudge once more, after the signal (create-only: one refused PUT, as a
+        # rule). A sender killed between the two writes leaves a nudge with no
+        # signal; a worker whose resume finds none deletes it (``_finding``), so it
+        # may have deleted ours just now, before our signal landed: this puts it
+        # back. Either our nudge is written after that delete, or the worker's second
+        # look at the signal, after its delete, sees the signal and writes it.
+        drive_sync(_index.nudged(workflow, run_id, nonce, name), store)
+    return True
+
+
+def _delivered(
+    store: Store, key: str, data: bytes, nonce: str, taking: dict[str, Any] | None
+) -> bool:
+    """Create the signal object (or replace an earlier incarnation's, or one that
+    ``taking``, the wait of the run for this signal, does not accept): False when
+    this incarnation had it already, or the run was deleted meanwhile.
+    """
     try:
         store.put(key, data, match=None)
     except CheckpointConflict:
         old = store.get(key)
         if old is None:  # deleted in between (rm of the run): nothing to deliver to
             return False
-        wait = header.get("wait") if status == "waiting" else None
-        if not isinstance(wait, dict) or wait.get("signal") != name:
-            wait = None
-        if for_run(old[0], str(nonce)) and (
-            wait is None or wakes(old[0], str(nonce), wait.get("accepts"))
+        if for_run(old[0], nonce) and (
+            taking is None or wakes(old[0], nonce, taking.get("accepts"))
         ):  # delivered, or one the run will take; else it decided nothing: replaced
             return False
         try:  # an earlier incarnation's: this run never saw it

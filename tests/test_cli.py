@@ -544,8 +544,8 @@ def test_a_bare_run_id_costs_one_list(
     assert capsys.readouterr().out.startswith("b/b-1  completed")
     assert calls[:3] == [
         "LIST '_index/workflows/'",
-        "LIST '_index/complete'",
-        "LIST '_index/live/'",
+        "LIST '_index/flat-complete'",
+        "LIST '_index/live2/'",
     ]
     assert sorted(calls[3:6]) == [f"GET {w}/b-1/checkpoint" for w in "abc"]
     assert calls[6:] == ["GET b/b-1/checkpoint"]

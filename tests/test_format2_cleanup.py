@@ -134,8 +134,8 @@ def test_a_delete_killed_between_the_head_and_its_parts_leaves_nothing_unreadabl
     url = str(tmp_path / "s")
     store = grown(url, "r")
     if command == "prune-unindexed":  # a store written before the index: prune lists all
-        store.delete("_index/workflows/chat/indexed")
-        store.delete("_index/complete")
+        store.delete("_index/workflows/chat/flat")
+        store.delete("_index/flat-complete")
     argv = ["rm", "chat/r"] if command == "rm" else ["prune", "--completed"]
     killed_while_deleting(url, *argv, *(["--older-than", "0s", "--yes"] * (command != "rm")))
     assert store.get(ckpt.checkpoint_key("chat", "r")) is None

@@ -68,7 +68,7 @@ def entries(store: ds.Store) -> set[str]:
     return {
         info.key
         for info in store.list("_index/")
-        if info.key.startswith(("_index/live/", "_index/done/"))
+        if info.key.startswith(("_index/live", "_index/done/"))
     }
 
 
@@ -85,17 +85,20 @@ def consistent(store: ds.Store) -> None:
         parts = info.key.split("/")
         if len(parts) == 3 and parts[2] == "checkpoint" and not parts[0].startswith("_"):
             wanted.add(_index.entry_of(head(store, parts[0], parts[1])))
-    found = {k for k in entries(store) if "/signal-" not in k}
+    found = {k for k in entries(store) if "~signal-" not in k}
     assert found == wanted
 
 
 # --- names ---------------------------------------------------------------------------
 
 
+long_names = st.from_regex(r"[A-Za-z0-9][A-Za-z0-9._@=+:-]{100,199}", fullmatch=True)
+
+
 @given(
     workflow=names,
-    run_id=names,
-    signal=st.none() | names,
+    run_id=names | long_names,  # over LONG_RUN_ID: a folder of its own
+    signal=st.none() | names | long_names,  # over SIGNAL_CHARS: its token
     until=st.none() | st.floats(1e9, 4e9),
     status=st.sampled_from(["running", "waiting", "failed", "in_doubt", "completed", "deleted"]),
     owned=st.booleans(),
@@ -130,8 +133,9 @@ def test_an_entry_name_says_what_its_head_says(
     assert header.run_nonce.startswith(entry.nonce)
     kind = _index.class_of(header)
     assert entry.kind == (status if kind is None else kind)
+    token = None if signal is None else _index.signal_token(signal)
     if status == "waiting":
-        assert entry.signal == signal
+        assert entry.signal == token
         assert entry.until == (None if until is None else int(until * 1000) / 1000)
     if kind is None:
         assert entry.finished == pytest.approx(header.updated_at, abs=0.001)
@@ -140,7 +144,7 @@ def test_an_entry_name_says_what_its_head_says(
             ObjectInfo(_index.nudge_key(workflow, run_id, header.run_nonce, signal), "v", 0, 0)
         )
         assert nudge is not None
-        assert (nudge.kind, nudge.signal, nudge.run_id) == ("signal", signal, run_id)
+        assert (nudge.kind, nudge.signal, nudge.run_id) == ("signal", token, run_id)
 
 
 def test_what_is_not_an_entry_is_not_taken_for_one() -> None:
@@ -184,36 +188,36 @@ def test_entries_follow_every_class_change(target: StoreTarget) -> None:
     wf = approvals(store)
     wf.submit("queued", {"wait": True})
     assert entries(store) == {_index.entry_of(head(store, "desk", "queued"))}
-    assert "/queued-" in next(iter(entries(store)))
+    assert "~queued-" in next(iter(entries(store)))
     with pytest.raises(ds.RunSuspended):
         wf.run("queued")
     (marker,) = entries(store)
-    assert "/waiting-" in marker
+    assert "~waiting-" in marker
     assert marker.endswith("-x-approval")  # no wake time, its signal
     assert wf.signal("queued", "approval", "ok")
     consistent(store)
-    assert any("/signal-" in k for k in entries(store))
+    assert any("~signal-" in k for k in entries(store))
     assert wf.run("queued") == {"wait": True, "answer": "ok", "paid": wf.run("queued")["paid"]}
     consistent(store)
     with pytest.raises(ds.RunSuspended):
         wf.run("sleepy", {"sleep": 3600})
-    (sleeping,) = [k for k in entries(store) if "/sleepy/" in k]
+    (sleeping,) = [k for k in entries(store) if "/sleepy~" in k]
     assert f"-{int(head(store, 'desk', 'sleepy').wait['until'] * 1000)}-" in sleeping  # type: ignore[index]
     with pytest.raises(ds.StepFailed):
         wf.run("failing", {"fail": True})
     consistent(store)
-    assert any("/failing/failed-" in k for k in entries(store))
+    assert any("/failing~failed-" in k for k in entries(store))
     with pytest.raises(ds.testing.SimulatedCrash):
         approvals(ds.testing.CrashingStore(store, after_write=3)).run("doubt", {})
     with pytest.raises(ds.StepInDoubt):
         wf.run("doubt")
-    assert any("/doubt/in_doubt-" in k for k in entries(store))
+    assert any("/doubt~in_doubt-" in k for k in entries(store))
     wf.resolve("doubt", fired=False)
     consistent(store)
-    assert any("/doubt/stopped-" in k for k in entries(store))
+    assert any("/doubt~stopped-" in k for k in entries(store))
     wf.fork("doubt", "forked")
     consistent(store)
-    assert any("/forked/stopped-" in k for k in entries(store))
+    assert any("/forked~stopped-" in k for k in entries(store))
     tomb = approvals(store, on_complete="delete")
     tomb.run("tomb", {})
     consistent(store)
@@ -249,7 +253,7 @@ def test_a_worker_released_run_is_stopped_and_found_at_once(target: StoreTarget)
     wf.step(name="second")(lambda state: None)
     wf.submit("r1", {})
     assert worker.run().released == ["r1"]
-    assert any("/r1/stopped-" in k for k in entries(store))
+    assert any("/r1~stopped-" in k for k in entries(store))
     assert ds.Worker(wf).claimable() == ["r1"]
     assert ds.Worker(wf).run(until_idle=True).completed == ["r1"]
     consistent(store)
@@ -539,5 +543,5 @@ def test_a_sigkill_at_any_write_never_loses_a_live_run(
             assert header.run_nonce[:16] in nonces, (op, kill, when, run_id)
         recover(store, target, monkeypatch)
         consistent(store)
-        nudges = {k.split("/")[3] for k in entries(store) if "/signal-" in k}
+        nudges = {k.split("/")[3].partition("~")[0] for k in entries(store) if "~signal-" in k}
         assert nudges <= set(live_heads(store)), "a nudge outlived its run"

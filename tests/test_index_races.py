@@ -72,7 +72,7 @@ class Hooked:
 
 
 def markers(store: ds.Store, run_id: str) -> set[str]:
-    return {k for k in entries(store) if f"/{run_id}/" in k and "/signal-" not in k}
+    return {k for k in entries(store) if f"/{run_id}~" in k and "~signal-" not in k}
 
 
 def later() -> float:
@@ -174,7 +174,7 @@ def test_a_scan_clearing_a_gone_run_spares_a_new_run_under_its_id(
     wf.run("warmup", {})
     wf.submit("r", {"doc": "x" * 100_000})
     (queued,) = markers(store, "r")  # as a crashed owner leaves it: running
-    store.put(queued.replace("/queued-", "/running-"), b"")
+    store.put(queued.replace("~queued-", "~running-"), b"")
     store.delete(queued)
     store.delete(ckpt.checkpoint_key("desk", "r"))  # rm --force, killed after its head delete
     time.sleep(3.2)  # the leftovers are older than GRACE (whole seconds on S3)
@@ -367,7 +367,7 @@ def test_prune_removes_what_an_interrupted_rm_left_of_a_waiting_run(
     monkeypatch.setattr(_main, "open_store", lambda _url: store)
     prune = ["prune", "--completed", "--older-than", "0s", "--yes"]
     assert _main.main(["--store", target.url, *prune]) == 0
-    assert {k.split("/")[3] for k in entries(store)} == {"alive"}
+    assert {k.split("/")[3].partition("~")[0] for k in entries(store)} == {"alive"}
     assert not list(store.list("desk/r/"))
 
 

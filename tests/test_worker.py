@@ -397,12 +397,12 @@ def test_objects_that_are_no_run_never_stop_a_worker(
     data = store.get(ckpt.checkpoint_key("fleet", "r1"))[0]  # type: ignore[index]
     store.put("fleet/r1 copy/checkpoint", data)
     store.put("fleet/_tmp/checkpoint", data)
-    store.put("_index/live/fleet/r1 copy/queued-0123456789abcdef", b"")
-    store.put("_index/live/fleet/r1/notes.txt", b"an operator's")
+    store.put("_index/live2/fleet/r1 copy~queued-0123456789abcdef", b"")
+    store.put("_index/live2/fleet/r1~notes.txt", b"an operator's")
     report = ds.Worker(wf, poll=0.05).run(until_idle=True)
     assert (report.completed, report.errors) == (["r1"], [])
     wf.submit("r2", workerapp.initial_state())
-    store.delete("_index/workflows/fleet/indexed")  # as if written before the index
+    store.delete("_index/workflows/fleet/flat")  # as if written before the index
     with caplog.at_level(logging.WARNING, logger="durable_steps"):
         report = ds.Worker(wf, poll=0.05).run(until_idle=True)
     assert (report.completed, report.errors) == (["r2"], [])

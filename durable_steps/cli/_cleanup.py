@@ -302,6 +302,8 @@ def _leftovers(store: Store, workflow: str | None, before: float) -> dict[str, l
     parts: defaultdict[str, list[ObjectInfo]] = defaultdict(list)
     for info in store.list(f"{workflow}/" if workflow else ""):
         path = info.key.split("/")
+        if path[0].startswith("_"):  # _index/: no run's (no workflow name starts with _)
+            continue
         if len(path) == 3 and path[2] == ckpt.CHECKPOINT_OBJECT:
             heads.add(f"{path[0]}/{path[1]}")
         elif len(path) == 4 and path[2] in ("parts", "signals", "history"):

@@ -56,7 +56,12 @@ def _read(store: Store, wanted: list[tuple[str, str, frozenset[str]]]) -> list[R
         found = store.get(key)
         if found is None:
             return None
-        return replace(RunInfo.parse(workflow, run_id, key, *found), signals=signals)
+        run = RunInfo.parse(workflow, run_id, key, *found)
+        wait = (run.header or {}).get("wait") or {}
+        name = wait.get("signal") if isinstance(wait, dict) else None
+        if isinstance(name, str) and _index.signal_token(name) in signals:
+            signals |= {name}  # a long name's nudge carries its token (see _index)
+        return replace(run, signals=signals)
 
     if not wanted:
         return []

@@ -48,10 +48,12 @@ from ._format import (
 )
 from ._indexed import locate
 from ._runs import (
+    FINISHED,
     FIRED_SKIPS_STEP,
     RunInfo,
     effect_label,
     load,
+    next_step,
     open_effects,
     owner_text,
     status_of,
@@ -62,16 +64,6 @@ if TYPE_CHECKING:
     from .._workflow import Workflow
 
 __all__ = ["FINISHED", "describe", "next_hint", "next_step", "register"]
-
-FINISHED = ("completed", "deleted")  # "deleted": a tombstone, see _cleanup
-
-
-def next_step(header: dict[str, Any]) -> str | None:
-    """The name of the step an unfinished run resumes at (``None``: done or unknown)."""
-    steps, index = header.get("steps") or [], header.get("next_step")
-    if header.get("status") in FINISHED or not isinstance(index, int):
-        return None
-    return str(steps[index]) if 0 <= index < len(steps) else None
 
 
 def state_text(state: Any, serializer: str) -> str:
@@ -434,7 +426,7 @@ def _as_json(store: Store, header: ckpt.Checkpoint, data: bytes) -> dict[str, An
     with ``head_size`` (the head alone), ``trace_id``, and ``header``, the stored
     line, kept for one release (scripts of 0.1 read ``.header.intent.key``).
     """
-    from ._ls import summary  # _ls imports this module
+    from ._ls import summary  # lazily: ls is the heavier command
 
     key, wait = ckpt.checkpoint_key(header.workflow, header.run_id), header.wait or {}
     sent = wait.get("signal") if signal_sent(store, header) is not None else None

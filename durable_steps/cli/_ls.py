@@ -13,8 +13,7 @@ from ..stores import Store
 from ._base import EXIT_OK, PROG, arg, cmd, workflow_name
 from ._format import Style, echo, human_age, human_size, status_label, table
 from ._indexed import covered, finished, live, recent
-from ._inspect import FINISHED, next_step
-from ._runs import RunInfo, find_runs
+from ._runs import FINISHED, RunInfo, find_runs, next_step
 from ._waiting import waiting_for
 
 __all__ = ["LS_LIMIT", "ls_row", "register", "summary"]

@@ -24,6 +24,17 @@ from ..stores import Store
 from ._base import EXIT_NOT_FOUND, EXIT_REFUSED, CommandError, cmd
 from ._format import clean, human_age, run_size
 
+FINISHED = ("completed", "deleted")  # "deleted": a tombstone, see _cleanup
+
+
+def next_step(header: dict[str, Any]) -> str | None:
+    """The name of the step an unfinished run resumes at (``None``: done or unknown)."""
+    steps, index = header.get("steps") or [], header.get("next_step")
+    if header.get("status") in FINISHED or not isinstance(index, int):
+        return None
+    return str(steps[index]) if 0 <= index < len(steps) else None
+
+
 __all__ = [
     "FIRED_SKIPS_STEP",
     "RunInfo",
@@ -117,6 +128,8 @@ def _listing(
     signals: dict[tuple[str, str], set[str]] = {}
     for info in store.list(f"{workflow}/" if workflow else ""):
         parts = info.key.split("/")
+        if parts[0].startswith("_"):  # _index/: no run's (no workflow name starts with _)
+            continue
         if len(parts) == 3 and parts[2] == ckpt.CHECKPOINT_OBJECT:
             keys.append((parts[0], parts[1], info.key))
         elif len(parts) == 4 and parts[2] == "signals" and parts[3]:

@@ -130,13 +130,13 @@ def _median(fn: Callable[[], Any], rounds: int) -> float:
 @contextlib.contextmanager
 def _unindexed(store: ds.Store) -> Iterator[None]:
     """The store as an earlier version left it: its index marked incomplete."""
-    store.delete(_index.registry_key("desk") + "/indexed")
+    store.delete(_index.registry_key("desk") + "/flat")
     store.put(_index.registry_key("desk") + "/partial", b"")
     try:
         yield
     finally:
         store.delete(_index.registry_key("desk") + "/partial")
-        store.put(_index.registry_key("desk") + "/indexed", b"")
+        store.put(_index.registry_key("desk") + "/flat", b"")
 
 
 def _scan_costs(counting: Any, rounds: int) -> dict[str, Any]:
