@@ -19,6 +19,9 @@
 ``overload``    ``tools``, but the run's very first model request is refused
                 (``ModelOverloadedError``, once: a marker file) and retried by a
                 capability (pydantic-ai's ``RetryModelRequest`` pattern).
+``answered``    ``tools``, but the run's very first model request fails (a 503, once: a
+                marker file) and an ``on_model_request_error`` hook answers it with a
+                lookup of its own (order 7; the model itself would ask for order 42).
 
 Run as a script, it is the child of ``tests/test_pydantic_ai_crash.py``::
 
@@ -46,6 +49,7 @@ if __name__ == "__main__":
 from pydantic import BaseModel
 from pydantic_ai import Agent, RunContext
 from pydantic_ai.capabilities import AbstractCapability
+from pydantic_ai.exceptions import ModelHTTPError
 from pydantic_ai.messages import (
     BinaryImage,
     DocumentUrl,
@@ -65,7 +69,17 @@ import durable_steps as ds
 from durable_steps.integrations.pydantic_ai import DurableAgent
 from tests.volatile import normalized
 
-SCENES = ("tools", "multimodal", "subagent", "live", "stream", "self", "overload", "tags")
+SCENES = (
+    "tools",
+    "multimodal",
+    "subagent",
+    "live",
+    "stream",
+    "self",
+    "overload",
+    "tags",
+    "answered",
+)
 
 
 class Order(BaseModel):
@@ -111,16 +125,29 @@ class RetryOnOverload(AbstractCapability[Any]):
         raise error
 
 
+class AnswerOn503(AbstractCapability[Any]):
+    """Answer a request the provider failed (a 503) with a response of its own."""
+
+    async def on_model_request_error(
+        self, ctx: Any, *, request_context: Any, error: Exception
+    ) -> Any:
+        if isinstance(error, ModelHTTPError) and error.status_code == 503:
+            return ModelResponse(parts=[ToolCallPart("lookup", {"order": 7}, tool_call_id="h1")])
+        raise error
+
+
 def build(
     scene: str, overloaded: Path | None = None
 ) -> tuple[Agent[Any, Any], DurableAgent, dict[str, int]]:
     """A fresh agent for ``scene``, its DurableAgent, and its call counts.
-    ``overloaded``: the marker file of scene ``overload`` (made by its refusal).
+    ``overloaded``: the marker file of scenes ``overload`` and ``answered`` (made by
+    their refusal).
     """
     calls = {"model": 0, "live": 0}
     responses = {  # request number -> response, per scene
         "tools": [ToolCallPart("lookup", {"order": 42}, tool_call_id="c1")],
         "overload": [ToolCallPart("lookup", {"order": 42}, tool_call_id="c1")],
+        "answered": [ToolCallPart("lookup", {"order": 42}, tool_call_id="c1")],
         "tags": [ToolCallPart("tag", {}, tool_call_id="c1")],
         "multimodal": [
             ToolCallPart("order", {"id": 42}, tool_call_id="c1"),
@@ -137,6 +164,9 @@ def build(
         if scene == "overload" and overloaded is not None and not overloaded.exists():
             overloaded.touch()
             raise ModelOverloadedError("function", "overloaded, try again")
+        if scene == "answered" and overloaded is not None and not overloaded.exists():
+            overloaded.touch()
+            raise ModelHTTPError(503, "function", "busy")
         asked = sum(isinstance(m, ModelResponse) for m in messages)
         first = messages[0].parts[-1]
         if scene == "self" and getattr(first, "content", None) == "inner":
@@ -158,7 +188,9 @@ def build(
         for piece in ("the total ", "is ", "20"):
             yield piece
 
-    capabilities = [RetryOnOverload()] if scene == "overload" else []
+    capabilities: list[AbstractCapability[Any]] = []
+    if scene in ("overload", "answered"):
+        capabilities.append(RetryOnOverload() if scene == "overload" else AnswerOn503())
     agent: Agent[Any, Any] = Agent(
         FunctionModel(model, stream_function=stream), deps_type=dict, capabilities=capabilities
     )

@@ -11,7 +11,9 @@ streamed response streams back with its deltas, and an agent that runs
 itself plainly inside its own tool gets the same final answer (its inner
 run is part of the tool's recorded result, not numbered among the outer
 run's requests), and a model request refused once and retried by the agent
-replays the retry's answer (asked anew, it would have been answered afresh).
+replays the retry's answer (asked anew, it would have been answered afresh),
+and one that failed and was answered by a hook replays the hook's answer,
+recorded before the tool it called ran (the kill comes right after that tool).
 """
 
 from __future__ import annotations
@@ -53,6 +55,7 @@ NEEDS_RETRIES = pytest.mark.skipif(not RETRIES, reason="a pydantic-ai without Re
         "stream",
         "self",
         pytest.param("overload", marks=NEEDS_RETRIES),
+        "answered",
     ],
 )
 def test_a_killed_scene_resumes_to_the_plain_outcome(tmp_path: Path, scene: str) -> None:
@@ -80,6 +83,8 @@ def test_a_killed_scene_resumes_to_the_plain_outcome(tmp_path: Path, scene: str)
     if scene == "overload":  # refused, retried, answered: the failed try counts nothing
         assert plain_calls["model"] == 3
         assert plain["usage"]["requests"] == 2
+    if scene == "answered":  # the hook's lookup, not the one the model would ask for
+        assert plain["output"] == "done: [{'order': 7, 'total': 20}]"
 
 
 def test_a_typed_result_recorded_in_another_process_replays_typed(tmp_path: Path) -> None:

@@ -9,7 +9,9 @@
 - A request recorded streamed and replayed through the plain request path
   (or the other way round): it replays as recorded.
 - A first request that failed and was answered by an ``on_model_request_error``
-  hook: what the resumed run sees.
+  hook: what the resumed run sees, when the attempt died after the next request,
+  before it (in a tool of the hook's answer, after an effect fired), or after
+  the run (the hook's answer was the final output), for every entry point.
 """
 
 from __future__ import annotations
@@ -213,3 +215,130 @@ def test_a_request_a_hook_answered_replays_the_hooks_answer(tmp_path: Path) -> N
     assert seen[0][1][1]["parts"][0]["tool_name"] == "lookup"  # the hook's answer, again
     assert len(refunds) == 1  # one refund, one key
     assert len(asked) == 3  # the failed try and two answers: the re-run asked nothing
+
+
+class AnswerWith(AbstractCapability[None]):
+    """Answers a request the provider failed (a 503) with the response it was given."""
+
+    def __init__(self, *parts: Any) -> None:
+        self.parts = parts
+
+    async def on_model_request_error(
+        self, ctx: Any, *, request_context: Any, error: Exception
+    ) -> Any:
+        if not isinstance(error, ModelHTTPError):
+            raise error
+        return ModelResponse(parts=list(self.parts))
+
+
+def test_a_hooks_answer_is_recorded_before_its_tools_run(tmp_path: Path) -> None:
+    """The hook answers with a refund (an effect) and a tool that fails the attempt
+    (a crash before the next request): the retry replays the hook's answer, so the
+    refund replays under its one key and the model is not asked that request again."""
+    asked: list[int] = []
+    refunds: list[str] = []
+    broke: list[int] = []
+
+    def model(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        asked.append(len(messages))
+        if len(asked) == 1:
+            raise ModelHTTPError(503, "function", "busy")
+        calls = [p.tool_name for m in messages for p in m.parts if isinstance(p, ToolCallPart)]
+        if "refund" not in calls:  # the model's own answer: a refund of another call id
+            return ModelResponse(parts=[ToolCallPart("refund", {}, tool_call_id=f"m{len(asked)}")])
+        return ModelResponse(parts=[TextPart("refunded")])
+
+    hook = AnswerWith(
+        ToolCallPart("refund", {}, tool_call_id="h1"), ToolCallPart("check", {}, tool_call_id="h2")
+    )
+    agent = Agent(FunctionModel(model), capabilities=[hook])
+
+    @agent.tool
+    def refund(run_ctx: RunContext[None]) -> str:
+        refunds.append(idempotency_key(run_ctx))
+        return "ok"
+
+    @agent.tool_plain
+    async def check() -> str:
+        await asyncio.sleep(0.05)  # after the refund fired
+        broke.append(1)
+        if len(broke) == 1:
+            raise RuntimeError("the attempt dies before model request 2")
+        return "fine"
+
+    durable = DurableAgent(agent, effects={"refund"})
+    wf = ds.Workflow("review", store=ds.LocalStore(tmp_path))
+    outputs: list[Any] = []
+
+    @wf.step(retry=ds.Retry(attempts=2, wait=0, on=RuntimeError))
+    async def turn(state: dict[str, Any], ctx: ds.Context) -> None:
+        outputs.append((await durable.run("go", ctx=ctx)).output)
+
+    asyncio.run(wf.arun("r", {}))
+    assert outputs == ["refunded"]
+    assert len(refunds) == 1  # replayed on the retry: one refund, one key
+    assert asked == [1, 3]  # the failed try, then request 2: request 1 not asked again
+
+
+ENTRY_POINTS = ("run", "run_sync", "iter", "run_stream", "run_stream_events")
+
+
+@pytest.mark.parametrize("entry", ENTRY_POINTS)
+def test_a_final_answer_a_hook_gave_is_recorded_by_the_run(tmp_path: Path, entry: str) -> None:
+    """The hook's answer is the final output and the step fails after the run: the
+    retry gets the same output, not the model's answer asked anew (every entry point)."""
+    asked: list[int] = []
+
+    def model(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        asked.append(len(messages))
+        if len(asked) == 1:
+            raise ModelHTTPError(503, "function", "busy")
+        return ModelResponse(parts=[TextPart("the model's own answer")])
+
+    async def stream(messages: list[ModelMessage], info: AgentInfo) -> AsyncIterator[str]:
+        asked.append(len(messages))
+        if len(asked) == 1:
+            raise ModelHTTPError(503, "function", "busy")
+        yield "the model's own answer"
+
+    hook = AnswerWith(TextPart("busy: no refund today"))
+    agent = Agent(FunctionModel(model, stream_function=stream), capabilities=[hook])
+    durable = DurableAgent(agent)
+    wf = ds.Workflow("review", store=ds.LocalStore(tmp_path))
+    outputs: list[Any] = []
+
+    async def output(ctx: ds.Context) -> Any:
+        if entry == "run":
+            return (await durable.run("go", ctx=ctx)).output
+        if entry == "iter":
+            async with durable.iter("go", ctx=ctx) as agent_run:
+                async for _ in agent_run:
+                    pass
+            assert agent_run.result is not None
+            return agent_run.result.output
+        if entry == "run_stream":
+            async with durable.run_stream("go", ctx=ctx) as streamed:
+                return await streamed.get_output()
+        async with durable.run_stream_events("go", ctx=ctx) as events:
+            return [e async for e in events][-1].result.output
+
+    if entry == "run_sync":
+
+        @wf.step(retry=ds.Retry(attempts=2, wait=0, on=RuntimeError))
+        def turn(state: dict[str, Any], ctx: ds.Context) -> None:
+            outputs.append(durable.run_sync("go", ctx=ctx).output)
+            if ctx.attempt == 1:
+                raise RuntimeError("after the agent run: the retry replays it")
+
+        wf.run("r", {})
+    else:
+
+        @wf.step(retry=ds.Retry(attempts=2, wait=0, on=RuntimeError))
+        async def aturn(state: dict[str, Any], ctx: ds.Context) -> None:
+            outputs.append(await output(ctx))
+            if ctx.attempt == 1:
+                raise RuntimeError("after the agent run: the retry replays it")
+
+        asyncio.run(wf.arun("r", {}))
+    assert outputs == ["busy: no refund today"] * 2
+    assert asked == [1]  # the re-run asked nothing

@@ -131,8 +131,9 @@ class DurableAgent:
         **kwargs: Any,
     ) -> AgentRunResult[Any]:
         """Run the agent in a sync step (see :meth:`run`); the agent's ``run_sync``."""
-        with self._bound(ctx, state, run_name, kwargs) as (run_kwargs, turn):
+        with self._bound(ctx, state, run_name, kwargs) as (run_kwargs, turn, bound):
             result = self.wrapped.run_sync(user_prompt, **run_kwargs)
+        bound.settle_sync(result.all_messages())  # a final answer a hook gave
         _keep(turn, result.all_messages())
         return result
 
@@ -153,8 +154,9 @@ class DurableAgent:
         Other keywords (``deps``, ``model``, ``usage_limits``,
         ``event_stream_handler``...) go to the agent's ``run``.
         """
-        with self._bound(ctx, state, run_name, kwargs) as (run_kwargs, turn):
+        with self._bound(ctx, state, run_name, kwargs) as (run_kwargs, turn, bound):
             result = await self.wrapped.run(user_prompt, **run_kwargs)
+        await bound.settle(result.all_messages())  # a final answer a hook gave
         _keep(turn, result.all_messages())
         return result
 
@@ -174,9 +176,13 @@ class DurableAgent:
         (a node's ``stream`` streams the recorded response back). The
         history is kept once the run reached its end.
         """
-        with self._bound(ctx, state, run_name, kwargs) as (run_kwargs, turn):
+        with self._bound(ctx, state, run_name, kwargs) as (run_kwargs, turn, bound):
             async with self.wrapped.iter(user_prompt, **run_kwargs) as agent_run:
-                yield agent_run
+                try:
+                    yield agent_run
+                finally:  # a final answer a hook gave, even if the caller's block fails
+                    if agent_run.result is not None:
+                        await bound.settle(agent_run.result.all_messages())
         if agent_run.result is not None:
             _keep(turn, agent_run.result.all_messages())
 
@@ -197,9 +203,13 @@ class DurableAgent:
         in the same pieces as from the plain agent, once the model finished.
         The history is kept when the stream was read to its end.
         """
-        with self._bound(ctx, state, run_name, kwargs) as (run_kwargs, turn):
+        with self._bound(ctx, state, run_name, kwargs) as (run_kwargs, turn, bound):
             async with self.wrapped.run_stream(user_prompt, **run_kwargs) as result:
-                yield result
+                try:
+                    yield result
+                finally:  # a final answer a hook gave, even if the caller's block fails
+                    if result.is_complete:
+                        await bound.settle(result.all_messages())
         if result.is_complete:
             _keep(turn, result.all_messages())
 
@@ -217,9 +227,13 @@ class DurableAgent:
         manager, as the agent's): every event of the run, then an
         ``AgentRunResultEvent``. The history is kept once the run finished.
         """
-        with self._bound(ctx, state, run_name, kwargs) as (run_kwargs, turn):
+        with self._bound(ctx, state, run_name, kwargs) as (run_kwargs, turn, bound):
             async with self.wrapped.run_stream_events(user_prompt, **run_kwargs) as events:
-                yield events
+                try:
+                    yield events
+                finally:  # a final answer a hook gave, even if the caller's block fails
+                    if events.result is not None:
+                        await bound.settle(events.result.all_messages())
         if events.result is not None:
             _keep(turn, events.result.all_messages())
 
@@ -232,9 +246,9 @@ class DurableAgent:
         state: MutableMapping[str, Any] | None,
         run_name: str | None,
         kwargs: dict[str, Any],
-    ) -> Iterator[tuple[dict[str, Any], Turn | None]]:
+    ) -> Iterator[tuple[dict[str, Any], Turn | None, Binding]]:
         """Our model and toolsets in place, the run bound to ``ctx``; yields the
-        keywords for the agent's entry point and the history's turn.
+        keywords for the agent's entry point, the history's turn and the binding.
         """
         run_kwargs = dict(kwargs)
         where = f"run {ctx.workflow}/{ctx.run_id}: step {ctx.step!r}"
@@ -265,13 +279,14 @@ class DurableAgent:
         toolsets = [JournaledToolset(t) for t in (*self.wrapped.toolsets, *extra)]
         prefix, series = _claim(ctx, run_name)
         outer = _override_vars(self.wrapped)
-        token = binding.set(Binding(ctx, prefix, self.effects, self.live, outer=outer))
+        bound = Binding(ctx, prefix, self.effects, self.live, outer=outer)
+        token = binding.set(bound)
         try:
             # tools=[]: the agent's own tools are in its function toolset, wrapped above.
             with self.wrapped.override(
                 model=JournaledModel(infer_model(model)), toolsets=toolsets, tools=[]
             ):
-                yield run_kwargs, turn
+                yield run_kwargs, turn, bound
         finally:
             binding.reset(token)
             series.active = False

@@ -142,9 +142,7 @@ class JournaledModel(WrapperModel):
         replayed). A failed try records nothing, and its retry gets a name of its own
         (see ``integrations._names``, "Model responses").
         """
-        answered = bound.answered(messages)
-        if answered is not None:
-            await self._record_answer(bound, *answered)
+        await bound.settle(messages)  # a hook's answer this request goes on from
         name = bound.request_name(messages)
         title = f"model request {bound.requests} ({self.wrapped.model_name})"
         try:
@@ -152,25 +150,3 @@ class JournaledModel(WrapperModel):
         except Exception:
             bound.request_failed(messages, name)
             raise
-
-    async def _record_answer(self, bound: Binding, name: str, response: ModelResponse) -> None:
-        """Record, as the failed try's response, the one a hook answered it with.
-
-        The failed try recorded nothing. Asked again on a re-run of the step, a
-        request that failed for a passing reason (a timeout, a 503) would now get
-        the model's own answer, and the run would go on from a transcript the
-        records made after the hook's answer (tool calls, effects and their
-        keys, later responses) never saw. Recorded, the re-run replays the
-        hook's answer as the response. The hook itself does not run again then.
-        """
-        data = dump_response(response)
-        for run_field in ("run_id", "conversation_id"):  # the agent's, set on each run
-            if data.get(run_field) is not None:
-                data[run_field] = None
-
-        async def hooks_answer() -> Any:
-            return data
-
-        title = f"model request {bound.requests} (answered by on_model_request_error)"
-        bound.ctx._release(name)
-        await bound.ctx._acall(name, hooks_answer, (), {}, title=title)

@@ -38,6 +38,7 @@ given to the model as the tool's return value.
 
 from __future__ import annotations
 
+import asyncio
 import typing
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
@@ -101,6 +102,8 @@ class Binding:
     failed_name: str = ""
     """The name of that failed try."""
     tools: set[str] = field(default_factory=set)
+    settling: asyncio.Lock = field(default_factory=asyncio.Lock)
+    """Held while one of a response's concurrent tools records the hook's answer."""
 
     def request_name(self, messages: list[Any]) -> str:
         """The name of a model request for ``messages`` (``model:3``; ``model:3.2`` for
@@ -121,8 +124,8 @@ class Binding:
 
     def answered(self, messages: list[Any]) -> tuple[str, ModelResponse] | None:
         """The failed try's name and the response that answered it in its stead, when
-        the request for ``messages`` goes on from one (an ``on_model_request_error``
-        hook returned it): it is in ``messages``, right after the failed try's own.
+        ``messages`` go on from one (an ``on_model_request_error`` hook returned it):
+        it is in ``messages``, right after the failed try's own.
         """
         if self.failed is None or self.failed == (len(messages), messages[-1:]):
             return None
@@ -130,6 +133,55 @@ class Binding:
         if len(messages) > count and isinstance(messages[count], ModelResponse):
             return self.failed_name, messages[count]
         return None
+
+    async def settle(self, messages: list[Any]) -> None:
+        """Record the hook's answer to the failed try, if ``messages`` go on from one.
+
+        Called before anything is made from the answer: the next model request,
+        each tool of the answer (``messages`` is then the run's history, the
+        answer last), the end of the run (a final answer). The failed try
+        recorded nothing; asked again on a re-run of the step, a request that
+        failed for a passing reason (a timeout, a 503) would get the model's
+        own answer, and the run would go on from a transcript that the records
+        made after the hook's answer (tool calls, effects and their keys, the
+        output) never saw. Recorded, the re-run replays the hook's answer as
+        the response; the hook does not run again. Recorded once: the tools of
+        one response run concurrently, the first records, the others wait.
+        """
+        async with self.settling:
+            found = self._answer(messages)
+            if found is None:
+                return
+            name, data, shown = found
+
+            async def hooks_answer() -> Any:
+                return data
+
+            self.ctx._release(name)
+            await self.ctx._acall(name, hooks_answer, (), {}, title=shown)
+            self.failed = None
+
+    def settle_sync(self, messages: list[Any]) -> None:
+        """:meth:`settle` at the end of a sync run (``run_sync``), outside its loop."""
+        found = self._answer(messages)
+        if found is None:
+            return
+        name, data, shown = found
+        self.ctx._release(name)
+        self.ctx._call(name, lambda: data, (), {}, title=shown)
+        self.failed = None
+
+    def _answer(self, messages: list[Any]) -> tuple[str, Any, str] | None:
+        """The name, record and title of the hook's answer :meth:`settle` records."""
+        answered = self.answered(messages)
+        if answered is None:
+            return None
+        name, response = answered
+        data = ModelMessagesTypeAdapter.dump_python([response], mode="json")[0]
+        for run_field in ("run_id", "conversation_id"):  # the agent's, set on each run
+            if data.get(run_field) is not None:
+                data[run_field] = None
+        return name, data, f"model request {self.requests} (answered by on_model_request_error)"
 
     def tool_name(self, run_ctx: RunContext[Any]) -> str:
         call_id = run_ctx.tool_call_id or run_ctx.tool_name or "?"
@@ -212,6 +264,7 @@ class JournaledToolset(WrapperToolset[Any]):
         bound = binding.get()
         if bound is None:
             return await super().call_tool(name, tool_args, ctx, tool)
+        await bound.settle(ctx.messages)  # a hook's answer called this tool: record it first
         if name in bound.live:
             with outside(bound):
                 return await super().call_tool(name, tool_args, ctx, tool)
