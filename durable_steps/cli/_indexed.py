@@ -15,14 +15,14 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from .. import _index, _index_read
 from .._drivers import drive_sync
 from .._record import checkpoint as ckpt
 from ..stores import Store
 from ._base import EXIT_NOT_FOUND, EXIT_USAGE, CommandError, cmd
-from ._runs import RunInfo, _run_keys
+from ._runs import RunInfo, _run_keys, with_signals
 
 __all__ = [
     "Orphan",
@@ -56,7 +56,7 @@ def _read(store: Store, wanted: list[tuple[str, str, frozenset[str]]]) -> list[R
         found = store.get(key)
         if found is None:
             return None
-        return replace(RunInfo.parse(workflow, run_id, key, *found), signals=signals)
+        return with_signals(store, RunInfo.parse(workflow, run_id, key, *found), signals)
 
     if not wanted:
         return []
