@@ -30,7 +30,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from . import _index
-from ._approval import accepted, refusal
+from ._approval import accepted, approval, refusal
 from ._drivers import drive_sync
 from ._record import checkpoint as ckpt
 from .errors import (
@@ -173,13 +173,38 @@ def for_run(data: bytes, nonce: str) -> bool:
 
 def wakes(data: bytes, nonce: str, accepts: object) -> bool:
     """Whether a signal object wakes the run with ``nonce`` whose wait accepts
-    ``accepts``: sent to it, and (unless received already) of a shape it takes.
+    ``accepts``: sent to it, and of a shape it takes. One received already whose
+    payload the wait does not take (an earlier version recorded it unchecked)
+    does not: the wait treats it as not received (``_waits.wait_for``).
     """
     record = _unverified(data)
     return (
         record is not None
         and record.get("run_nonce") == nonce
-        and ("consumed" in record or accepted(accepts, record.get("payload")))
+        and accepted(accepts, record.get("payload"))
+    )
+
+
+def _replaceable(data: bytes, nonce: str, wait: dict[str, Any] | None, payload: Any) -> bool:
+    """Whether the signal object ``data`` may be replaced by ``payload`` (``send``).
+
+    Yes when it was sent to an earlier run under the id (deleted since), or
+    when the run waits for it (``wait``) and the wait does not take it. When
+    the run does not wait for it yet (queued, running, waiting for another
+    signal), what its wait will take is unknown: one not received yet whose
+    payload is no approval (a typo, ``"approve"``) is replaced by an approval
+    (``{"approved": true}``), the correction. Anything else was sent and stays.
+    """
+    if not for_run(data, nonce):
+        return True
+    if wait is not None:
+        return not wakes(data, nonce, wait.get("accepts"))
+    record = _unverified(data)
+    return (
+        record is not None
+        and "consumed" not in record
+        and approval(record.get("payload")) is None
+        and approval(payload) is not None
     )
 
 
@@ -230,7 +255,9 @@ def send(  # noqa: PLR0917 - the public wf.signal's arguments, plus where
     Refused (``SignalRefused``) when the run waits for this signal and the
     payload is not of the shape its wait accepts (an approval's). A signal
     left by an earlier run under the same id (deleted since) is replaced, as
-    is one the waiting run does not accept (it decided nothing).
+    is one that decides nothing: one the waiting run does not accept, or,
+    before the run waits for it, one that is no approval when ``payload`` is
+    one (see :func:`_replaceable`).
     """
     ckpt.validate_name(run_id, "run id")
     run = f"{workflow}/{run_id}"
@@ -274,11 +301,9 @@ def send(  # noqa: PLR0917 - the public wf.signal's arguments, plus where
         wait = header.get("wait") if status == "waiting" else None
         if not isinstance(wait, dict) or wait.get("signal") != name:
             wait = None
-        if for_run(old[0], str(nonce)) and (
-            wait is None or wakes(old[0], str(nonce), wait.get("accepts"))
-        ):  # delivered, or one the run will take; else it decided nothing: replaced
-            return False
-        try:  # an earlier incarnation's: this run never saw it
+        if not _replaceable(old[0], str(nonce), wait, payload):
+            return False  # delivered, or one the run will take
+        try:  # compare-and-swap: a send or a receive in between wins
             store.put(key, data, match=old[1])
         except CheckpointConflict:
             return False

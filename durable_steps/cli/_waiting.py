@@ -16,7 +16,7 @@ from collections.abc import Callable
 from typing import Any
 
 from .. import _signals
-from .._approval import APPROVAL, SHAPE
+from .._approval import APPROVAL, SHAPE, approval
 from .._record import checkpoint as ckpt
 from ..errors import DurableStepsError, SerializationError, SignalRefused, StoreError
 from ..serializers import SIGNED_SUFFIX, SIGNING_KEY_ENV, JSONSerializer, SignedSerializer
@@ -198,6 +198,13 @@ def _cmd_signal(args: argparse.Namespace, store: Store, style: Style) -> int:
         then = (
             f"note: run {header.run} waits for signal {wait['signal']!r}, not "
             f"{args.name!r} (a typo?); this one is kept until a step waits for it"
+        )
+    elif approval(payload) is None:  # a wait for an approval would not take it
+        then = (
+            f"run {header.run} does not wait for it now; it is kept, and "
+            f"ctx.wait_for({args.name!r}) returns it at once, unless that wait takes an "
+            f"approval ({SHAPE}): then this payload decides nothing and the run waits on; "
+            "an approval sent under the same name replaces it"
         )
     else:
         then = (
