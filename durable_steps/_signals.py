@@ -49,6 +49,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "MAX_PAYLOAD",
+    "RunChanged",
     "await_wake",
     "await_wake_async",
     "decode",
@@ -62,6 +63,14 @@ MAX_PAYLOAD = 256 * 1024
 """The largest signal payload, in bytes of JSON (a signal is a message, not a file)."""
 _LINE = json.JSONEncoder(separators=(",", ":"), ensure_ascii=True)
 _SIG_TAIL = re.compile(rb',"sig":"([0-9a-f]{64})"\}\Z')
+
+
+class RunChanged(DurableStepsError):
+    """``send(expect_nonce=)`` found another run under the id (``nonce``: its nonce)."""
+
+    def __init__(self, message: str, *, run: str, nonce: object) -> None:
+        super().__init__(message, run=run)
+        self.nonce = nonce
 
 
 def signals_prefix(workflow: str, run_id: str) -> str:
@@ -247,8 +256,15 @@ def send(  # noqa: PLR0917 - the public wf.signal's arguments, plus where
     name: str,
     payload: Any = None,
     signer: ckpt.Signer | None = None,
+    *,
+    expect_nonce: str | None = None,
 ) -> bool:
     """Send signal ``name`` to a run: True, or False if it was sent before.
+
+    ``expect_nonce``: send only to the run with that nonce (the web page's
+    confirmation), checked on the one read of the run that supplies the nonce
+    the signal is bound to, so a run deleted and created again under the id
+    in between is refused (:class:`RunChanged`), not signalled.
 
     Refused (``DurableStepsError``) when the run does not exist or has
     finished: a signal nobody can receive is a mistake worth hearing about.
@@ -280,6 +296,13 @@ def send(  # noqa: PLR0917 - the public wf.signal's arguments, plus where
     split = ckpt.split_header(found[0])
     header = split[0] if split else {}
     status, nonce = header.get("status"), header.get("run_nonce")
+    if expect_nonce is not None and nonce != expect_nonce:
+        raise RunChanged(
+            f"run {run} is not the run expected (another run under that id); signal "
+            f"{name!r} was not sent",
+            run=run,
+            nonce=nonce,
+        )
     if status in ("completed", "deleted"):
         raise DurableStepsError(
             f"run {run} has {status}, so nothing will receive signal {name!r}; it was not sent",

@@ -178,7 +178,13 @@ def _cmd_signal(args: argparse.Namespace, store: Store, style: Style) -> int:
         )
     signer = SignedSerializer(JSONSerializer(), key) if key else None
     try:
-        sent = _signals.send(store, workflow, run_id, args.name, payload, signer)
+        expected = getattr(args, "expect_nonce", None)
+        sent = _signals.send(
+            store, workflow, run_id, args.name, payload, signer, expect_nonce=expected
+        )
+    except _signals.RunChanged as exc:  # pinned on send's own read of the run
+        pinned(args, header.run, exc.nonce)
+        raise
     except (SerializationError, SignalRefused) as exc:  # too large, wrong shape: the user's
         raise CommandError(exc.message, EXIT_USAGE) from exc
     except StoreError:
