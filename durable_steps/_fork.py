@@ -23,14 +23,18 @@ class ForkRefused(DurableStepsError):
     """The fork was refused and nothing was written (the command line exits 4)."""
 
 
-def fork(plan: Plan, source: str, target: str) -> Protocol[None]:
+def fork(
+    plan: Plan, source: str, target: str, *, expect_nonce: str | None = None
+) -> Protocol[None]:
     """Create run ``target`` from run ``source``'s last committed state and
     position, with a new nonce (so new idempotency keys); ``source`` is only read.
+    ``expect_nonce``: fork only the run with that nonce (the web page's
+    confirmation), checked on the read the fork copies from.
     """
     if source == target:
         raise DefinitionError(f"fork: run {plan.workflow}/{source} cannot be forked onto itself")
     src, new = RunState(plan, source), RunState(plan, target)
-    header = yield from _read_source(src)
+    header = yield from _read_source(src, expect_nonce)
     if (yield Get(new.key)) is not None:
         raise ForkRefused(
             f"run {new.name} already exists, so {src.name} was not forked onto it (nothing "
@@ -95,8 +99,10 @@ def fork(plan: Plan, source: str, target: str) -> Protocol[None]:
 _READS = 3
 
 
-def _read_source(src: RunState) -> Protocol[ckpt.Checkpoint]:
-    """Decode the run to fork and rebuild its committed state into ``src.state``."""
+def _read_source(src: RunState, expect_nonce: str | None) -> Protocol[ckpt.Checkpoint]:
+    """Decode the run to fork and rebuild its committed state into ``src.state``
+    (refused when it is not the run with ``expect_nonce``, if given).
+    """
     for _ in range(_READS):  # a format-2 part gone: the head was replaced; read it again
         found = yield Get(src.key)
         if found is None:
@@ -109,6 +115,13 @@ def _read_source(src: RunState) -> Protocol[ckpt.Checkpoint]:
         if (header.workflow, header.run_id) != (src.plan.workflow, src.run_id):
             raise CorruptCheckpoint(
                 f"{where} belongs to run {header.run}; it was left untouched.", run=src.name
+            )
+        if expect_nonce is not None and header.run_nonce != expect_nonce:
+            raise ForkRefused(
+                f"run {src.name} changed since you confirmed (it was deleted and created "
+                "again: another run under that id); nothing was forked: reload the run's "
+                "page and decide again",
+                run=src.name,
             )
         if header.status in ("completed", "deleted"):
             raise ForkRefused(

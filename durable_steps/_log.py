@@ -213,6 +213,10 @@ class Log:
             ) from exc
         return Result(kind, key, blob)
 
+    def value(self, result: Result) -> Any:
+        """A recorded result's value, decoded (what a replay of it returns)."""
+        return self._value(result)
+
     def _value(self, result: Result) -> Any:
         run = self.run
         if run.parts is not None:

@@ -30,7 +30,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from . import _index
-from ._approval import accepted, refusal
+from ._approval import accepted, approval, refusal
 from ._drivers import drive_sync
 from ._record import checkpoint as ckpt
 from .errors import (
@@ -49,6 +49,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "MAX_PAYLOAD",
+    "RunChanged",
     "await_wake",
     "await_wake_async",
     "decode",
@@ -62,6 +63,14 @@ MAX_PAYLOAD = 256 * 1024
 """The largest signal payload, in bytes of JSON (a signal is a message, not a file)."""
 _LINE = json.JSONEncoder(separators=(",", ":"), ensure_ascii=True)
 _SIG_TAIL = re.compile(rb',"sig":"([0-9a-f]{64})"\}\Z')
+
+
+class RunChanged(DurableStepsError):
+    """``send(expect_nonce=)`` found another run under the id (``nonce``: its nonce)."""
+
+    def __init__(self, message: str, *, run: str, nonce: object) -> None:
+        super().__init__(message, run=run)
+        self.nonce = nonce
 
 
 def signals_prefix(workflow: str, run_id: str) -> str:
@@ -173,13 +182,38 @@ def for_run(data: bytes, nonce: str) -> bool:
 
 def wakes(data: bytes, nonce: str, accepts: object) -> bool:
     """Whether a signal object wakes the run with ``nonce`` whose wait accepts
-    ``accepts``: sent to it, and (unless received already) of a shape it takes.
+    ``accepts``: sent to it, and of a shape it takes. One received already whose
+    payload the wait does not take (an earlier version recorded it unchecked)
+    does not: the wait treats it as not received (``_waits.wait_for``).
     """
     record = _unverified(data)
     return (
         record is not None
         and record.get("run_nonce") == nonce
-        and ("consumed" in record or accepted(accepts, record.get("payload")))
+        and accepted(accepts, record.get("payload"))
+    )
+
+
+def _replaceable(data: bytes, nonce: str, wait: dict[str, Any] | None, payload: Any) -> bool:
+    """Whether the signal object ``data`` may be replaced by ``payload`` (``send``).
+
+    Yes when it was sent to an earlier run under the id (deleted since), or
+    when the run waits for it (``wait``) and the wait does not take it. When
+    the run does not wait for it yet (queued, running, waiting for another
+    signal), what its wait will take is unknown: one not received yet whose
+    payload is no approval (a typo, ``"approve"``) is replaced by an approval
+    (``{"approved": true}``), the correction. Anything else was sent and stays.
+    """
+    if not for_run(data, nonce):
+        return True
+    if wait is not None:
+        return not wakes(data, nonce, wait.get("accepts"))
+    record = _unverified(data)
+    return (
+        record is not None
+        and "consumed" not in record
+        and approval(record.get("payload")) is None
+        and approval(payload) is not None
     )
 
 
@@ -222,15 +256,24 @@ def send(  # noqa: PLR0917 - the public wf.signal's arguments, plus where
     name: str,
     payload: Any = None,
     signer: ckpt.Signer | None = None,
+    *,
+    expect_nonce: str | None = None,
 ) -> bool:
     """Send signal ``name`` to a run: True, or False if it was sent before.
+
+    ``expect_nonce``: send only to the run with that nonce (the web page's
+    confirmation), checked on the one read of the run that supplies the nonce
+    the signal is bound to, so a run deleted and created again under the id
+    in between is refused (:class:`RunChanged`), not signalled.
 
     Refused (``DurableStepsError``) when the run does not exist or has
     finished: a signal nobody can receive is a mistake worth hearing about.
     Refused (``SignalRefused``) when the run waits for this signal and the
     payload is not of the shape its wait accepts (an approval's). A signal
     left by an earlier run under the same id (deleted since) is replaced, as
-    is one the waiting run does not accept (it decided nothing).
+    is one that decides nothing: one the waiting run does not accept, or,
+    before the run waits for it, one that is no approval when ``payload`` is
+    one (see :func:`_replaceable`).
     """
     ckpt.validate_name(run_id, "run id")
     run = f"{workflow}/{run_id}"
@@ -253,6 +296,13 @@ def send(  # noqa: PLR0917 - the public wf.signal's arguments, plus where
     split = ckpt.split_header(found[0])
     header = split[0] if split else {}
     status, nonce = header.get("status"), header.get("run_nonce")
+    if expect_nonce is not None and nonce != expect_nonce:
+        raise RunChanged(
+            f"run {run} is not the run expected (another run under that id); signal "
+            f"{name!r} was not sent",
+            run=run,
+            nonce=nonce,
+        )
     if status in ("completed", "deleted"):
         raise DurableStepsError(
             f"run {run} has {status}, so nothing will receive signal {name!r}; it was not sent",
@@ -266,7 +316,8 @@ def send(  # noqa: PLR0917 - the public wf.signal's arguments, plus where
         drive_sync(_index.nudged(workflow, run_id, nonce, name), store)
     wait = header.get("wait") if status == "waiting" else None
     taking = wait if isinstance(wait, dict) and wait.get("signal") == name else None
-    if not _delivered(store, signal_key(workflow, run_id, name), data, str(nonce), taking):
+    key = signal_key(workflow, run_id, name)
+    if not _delivered(store, key, data, str(nonce), taking=taking, payload=payload):
         return False
     if isinstance(nonce, str):
         # The nudge once more, after the signal (create-only: one refused PUT, as a
@@ -280,11 +331,17 @@ def send(  # noqa: PLR0917 - the public wf.signal's arguments, plus where
 
 
 def _delivered(
-    store: Store, key: str, data: bytes, nonce: str, taking: dict[str, Any] | None
+    store: Store,
+    key: str,
+    data: bytes,
+    nonce: str,
+    *,
+    taking: dict[str, Any] | None,
+    payload: Any,
 ) -> bool:
-    """Create the signal object (or replace an earlier incarnation's, or one that
-    ``taking``, the wait of the run for this signal, does not accept): False when
-    this incarnation had it already, or the run was deleted meanwhile.
+    """Create the signal object (or replace one that decides nothing, see
+    :func:`_replaceable`; ``taking`` is the run's wait for this signal): False
+    when this incarnation had it already, or the run was deleted meanwhile.
     """
     try:
         store.put(key, data, match=None)
@@ -292,11 +349,9 @@ def _delivered(
         old = store.get(key)
         if old is None:  # deleted in between (rm of the run): nothing to deliver to
             return False
-        if for_run(old[0], nonce) and (
-            taking is None or wakes(old[0], nonce, taking.get("accepts"))
-        ):  # delivered, or one the run will take; else it decided nothing: replaced
-            return False
-        try:  # an earlier incarnation's: this run never saw it
+        if not _replaceable(old[0], nonce, taking, payload):
+            return False  # delivered, or one the run will take
+        try:  # compare-and-swap: a send or a receive in between wins
             store.put(key, data, match=old[1])
         except CheckpointConflict:
             return False

@@ -16,7 +16,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from ._approval import APPROVAL, SHAPE
+from ._approval import APPROVAL, SHAPE, accepted
 from ._context import Context
 from ._drivers import Get, Protocol
 from ._events import logger
@@ -49,8 +49,9 @@ def settle_wait(
         yield from journal.record(name, kind, None, value)
     if signal is not None:
         entry = f"signal:{signal}"
-        if entry in journal.results:
-            return True
+        recorded = journal.results.get(entry)
+        if recorded is not None and accepted(accepts, journal.value(recorded)):
+            return True  # (one the wait does not take was recorded unchecked: looked for again)
         payload = yield from receive(run, journal.step, journal.iteration, signal, accepts)
         if payload is not MISS:
             journal.event("signal_received", entry)

@@ -160,8 +160,11 @@ def wait_for(journal: Journal, name: str, timeout: float | None, accepts: str | 
         )
     entry = f"signal:{name}"
     hit = journal.begin(entry, "signal")
-    if hit is not MISS:
+    if hit is not MISS and accepted(accepts, hit):
         return hit
+    # A payload recorded that the wait does not take (an earlier version recorded
+    # it unchecked) is not received: the run waits again, and one of the right
+    # shape replaces it (``_signals.send``), recorded over it.
     if journal.begin(f"timeout:{name}", "timeout") is not MISS:
         # Recorded: a re-run takes the same branch, even if the signal came since.
         raise timed_out(run, journal.step, name, timeout)
@@ -203,8 +206,9 @@ def receive(
     already is refused (put the pass in the name), and it is marked received
     here (best effort: the journal records the payload either way). One whose
     payload the wait does not accept (``accepts``; sent before the run waited,
-    so not checked when sent) is not received and not marked: it decides
-    nothing, the run waits on, and a signal of the right shape may replace it.
+    so not checked when sent, or received by an earlier version, which did not
+    check) is not received: it decides nothing, the run waits on, and a signal
+    of the right shape may replace it.
     """
     workflow, run_id = run.plan.workflow, run.run_id
     key = signal_key(workflow, run_id, name)
@@ -227,10 +231,12 @@ def receive(
             run=run.name,
             step=step,
         )
-    if received is None and not accepted(accepts, record.get("payload")):
+    if not accepted(accepts, record.get("payload")):
         logger.warning(
-            "%s; it was sent before the run waited, so it is ignored and may be replaced",
+            "%s; it was %s, so it decides nothing: the run waits on, and a signal of that "
+            "shape replaces it",
             refusal(run.name, name, record.get("payload"), step),
+            "sent before the run waited" if received is None else "recorded unchecked",
         )
         return MISS
     if received is None:

@@ -243,10 +243,11 @@ def test_a_run_waiting_under_an_earlier_versions_name_goes_on_under_it() -> None
     assert sorted(fired) == [0, 1]
 
 
-def test_a_payload_an_earlier_versions_wait_took_fails_the_step_and_decides_nothing() -> None:
+def test_a_payload_an_earlier_versions_wait_took_is_not_received_and_may_be_corrected() -> None:
     """A wait recorded without ``accepts`` took any payload when sent; one that is not an
-    approval reaches the step, which neither runs the tool nor rejects it: it fails,
-    saying so, instead of reading it as a yes or a no."""
+    approval reaches the step's wait, which takes an approval: it is not received, so
+    the run waits again (it used to fail the step on every retry, suggesting a fork
+    that re-runs model calls), and the approval sent then replaces it."""
     store = ds.MemoryStore()
     wf, fired = approvals(store)
     name = suspended(wf)
@@ -256,10 +257,16 @@ def test_a_payload_an_earlier_versions_wait_took_fails_the_step_and_decides_noth
     wait = json.loads(found[0].partition(b"\n")[0])["wait"]
     del wait["accepts"]
     rewrite_header(store, key, wait=wait)  # as the earlier version wrote
-    assert wf.signal("r1", name, {"approve": True})  # unchecked: the wait says nothing
-    with pytest.raises(ds.StepFailed) as failed:
-        wf.run("r1", {})
-    assert isinstance(failed.value.__cause__, ds.SignalRefused)
-    assert "is not an approval" in failed.value.message
-    assert "Fork the run" in failed.value.message
-    assert fired == []
+    assert wf.signal("r1", name, "approve")  # unchecked: the wait says nothing
+    assert suspended(wf) == name  # waits again for the same call, now saying what it takes
+    found = store.get(key)
+    assert found is not None
+    assert json.loads(found[0].partition(b"\n")[0])["wait"]["accepts"] == "approval"
+    with pytest.raises(ds.SignalRefused):
+        wf.signal("r1", name, "approve")
+    assert wf.signal("r1", name, {"approved": True})  # replaces the one that decided nothing
+    second = suspended(wf)
+    assert second != name
+    assert wf.signal("r1", second, False)
+    assert "refunded 0" in wf.run("r1", {})["output"]
+    assert fired == [0]

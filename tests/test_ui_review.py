@@ -19,6 +19,7 @@ pytest.importorskip("starlette", reason="the ui extra is not installed")
 pytest.importorskip("uvicorn", reason="the ui extra is not installed")
 
 import durable_steps as ds
+from durable_steps import _index
 from durable_steps.cli import _main
 from durable_steps.cli._runs import load
 from durable_steps.ui import _listing
@@ -59,7 +60,7 @@ def test_a_run_killed_before_its_done_entry_is_listed_as_ls_lists_it(
     )
     assert killed.returncode == -9, killed.stderr
     assert not list(store.list("_index/done/"))
-    left = [i.key.rsplit("/", 1)[1] for i in store.list("_index/live/desk/r/")]
+    left = [i.key.rsplit("~", 1)[1] for i in store.list(_index.live_prefix("desk", "r"))]
     assert sorted(k.split("-")[0] for k in left) == ["running", "signal"]  # its nudge too
     assert [(r["run_id"], r["status"]) for r in _ls(where, capsys=capsys)] == [("r", "completed")]
 

@@ -295,7 +295,13 @@ def test_an_unreaped_sigkilled_owner_is_taken_over_at_once(
     child = run_in_child(durable_target, files, children, seconds="30", lease="600")
     child.signal(signal.SIGKILL)  # and no wait(): the child stays a zombie
     stat = Path(f"/proc/{child.proc.pid}/stat")
-    wait_for(lambda: stat.read_bytes().rsplit(b")", 1)[1].split()[0] == b"Z", what="a zombie")
+    status = Path(f"/proc/{child.proc.pid}/status")
+
+    def zombie() -> bool:  # Z, and its other threads gone too (until then it is still dying)
+        state = stat.read_bytes().rsplit(b")", 1)[1].split()[0]
+        return state == b"Z" and b"\nThreads:\t1\n" in status.read_bytes()
+
+    wait_for(zombie, what="a zombie")
     wf = fleet(durable_target.open())
     began = time.monotonic()
     assert wf.run("r1") == DONE

@@ -180,7 +180,8 @@ def _cmd_fork(args: argparse.Namespace, store: Store, style: Style) -> int:
         serializer = _serializer(header)
     plan = Plan(name, (), serializer, None, "mark", (), store, 60.0)
     try:
-        drive_sync(_fork.fork(plan, run_id, new_run), store)
+        expected = getattr(args, "expect_nonce", None)
+        drive_sync(_fork.fork(plan, run_id, new_run, expect_nonce=expected), store)
     except _fork.ForkRefused as exc:
         raise CommandError(exc.message, EXIT_REFUSED) from exc
     print(f"forked {name}/{run_id} -> {name}/{new_run}; run it with wf.resume({new_run!r})")

@@ -15,14 +15,14 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from .. import _index, _index_read
 from .._drivers import drive_sync
 from .._record import checkpoint as ckpt
 from ..stores import Store
 from ._base import EXIT_NOT_FOUND, EXIT_USAGE, CommandError, cmd
-from ._runs import RunInfo, _run_keys
+from ._runs import RunInfo, _run_keys, with_signals
 
 __all__ = [
     "Orphan",
@@ -60,8 +60,8 @@ def _read(store: Store, wanted: list[tuple[str, str, frozenset[str]]]) -> list[R
         wait = (run.header or {}).get("wait") or {}
         name = wait.get("signal") if isinstance(wait, dict) else None
         if isinstance(name, str) and _index.signal_token(name) in signals:
-            signals |= {name}  # a long name's nudge carries its token (see _index)
-        return replace(run, signals=signals)
+            signals = signals | {name}  # a long name's nudge carries its token (see _index)
+        return with_signals(store, run, frozenset(signals))
 
     if not wanted:
         return []

@@ -16,6 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from typing import Any
 
+from .. import _signals
 from .._lease import is_live, lease_end
 from .._record import checkpoint as ckpt
 from ..errors import CorruptCheckpoint
@@ -46,6 +47,7 @@ __all__ = [
     "pinned",
     "run_status",
     "status_of",
+    "with_signals",
 ]
 
 
@@ -113,6 +115,26 @@ class RunInfo:
         return f"{self.workflow}/{self.run_id}"
 
 
+def with_signals(store: Store, run: RunInfo, sent: frozenset[str]) -> RunInfo:
+    """``run`` with the names of the signals the store holds for it (``sent``: from a
+    LIST or the index's nudges), less the one it waits for if that one would not
+    wake it: sent to an earlier run under the id, or a payload its wait does not take
+    (``"approve"`` for an approval). So ``ls`` and the page say "(sent)" only for a
+    signal that wakes the run, at one GET per waiting run whose signal is there.
+    """
+    h = run.header or {}
+    wait = h.get("wait")
+    if h.get("status") != "waiting" or not isinstance(wait, dict):
+        return replace(run, signals=sent)
+    signal = wait.get("signal")
+    if signal in sent:
+        found = store.get(_signals.signal_key(run.workflow, run.run_id, str(signal)))
+        nonce = h.get("run_nonce")
+        if found is None or not _signals.wakes(found[0], str(nonce), wait.get("accepts")):
+            sent = sent - {signal}
+    return replace(run, signals=sent)
+
+
 def _run_keys(store: Store, workflow: str | None) -> list[tuple[str, str, str]]:
     """``(workflow, run_id, key)`` of every checkpoint key under ``workflow/``: one LIST."""
     return _listing(store, workflow)[0]
@@ -146,7 +168,7 @@ def find_runs(store: Store, workflow: str | None) -> list[RunInfo]:
         if found is None:
             return None
         sent = frozenset(signals.get(item[:2], ()))
-        return replace(RunInfo.parse(*item, *found), signals=sent)
+        return with_signals(store, RunInfo.parse(*item, *found), sent)
 
     with ThreadPoolExecutor(max_workers=max(1, min(16, len(keys)))) as pool:
         return [run for run in pool.map(fetch, keys) if run is not None]

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from typing import Any
 
 from .. import _signals
-from .._approval import APPROVAL, SHAPE
+from .._approval import APPROVAL, SHAPE, approval
 from .._record import checkpoint as ckpt
 from ..errors import DurableStepsError, SerializationError, SignalRefused, StoreError
 from ..serializers import SIGNED_SUFFIX, SIGNING_KEY_ENV, JSONSerializer, SignedSerializer
@@ -178,7 +178,13 @@ def _cmd_signal(args: argparse.Namespace, store: Store, style: Style) -> int:
         )
     signer = SignedSerializer(JSONSerializer(), key) if key else None
     try:
-        sent = _signals.send(store, workflow, run_id, args.name, payload, signer)
+        expected = getattr(args, "expect_nonce", None)
+        sent = _signals.send(
+            store, workflow, run_id, args.name, payload, signer, expect_nonce=expected
+        )
+    except _signals.RunChanged as exc:  # pinned on send's own read of the run
+        pinned(args, header.run, exc.nonce)
+        raise
     except (SerializationError, SignalRefused) as exc:  # too large, wrong shape: the user's
         raise CommandError(exc.message, EXIT_USAGE) from exc
     except StoreError:
@@ -198,6 +204,13 @@ def _cmd_signal(args: argparse.Namespace, store: Store, style: Style) -> int:
         then = (
             f"note: run {header.run} waits for signal {wait['signal']!r}, not "
             f"{args.name!r} (a typo?); this one is kept until a step waits for it"
+        )
+    elif approval(payload) is None:  # a wait for an approval would not take it
+        then = (
+            f"run {header.run} does not wait for it now; it is kept, and "
+            f"ctx.wait_for({args.name!r}) returns it at once, unless that wait takes an "
+            f"approval ({SHAPE}): then this payload decides nothing and the run waits on; "
+            "an approval sent under the same name replaces it"
         )
     else:
         then = (
