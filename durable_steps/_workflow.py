@@ -365,6 +365,14 @@ class Workflow:
         the same idempotency key. The run itself is not started here. A run
         that a live process owns raises :class:`~durable_steps.RunLocked`
         (its step may be firing right now); ``force=True`` overrides.
+
+        Resolving a *step* (``@step(idempotent=False)``, not an effect) as
+        fired skips it: its changes to the state are lost (a flag it sets
+        stays unset, and a later pass may do its work again under a new key).
+        If the service deduplicates by the key, ``fired=False`` is the safe
+        answer; to keep what the step computes, record the side effect with
+        ``ctx.effect`` or give the step ``reconcile=`` (see the idempotency
+        concepts page).
         """
         signer = self.serializer if isinstance(self.serializer, SignedSerializer) else None
         _resolve.resolve(

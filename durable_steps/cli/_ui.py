@@ -9,7 +9,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..serializers import SIGNING_KEY_ENV
-from ..stores import Store
+from ..stores import Store, extra_hint
 from ._base import EXIT_OK, EXIT_USAGE, PROG, CommandError
 from ._format import Style, echo
 
@@ -32,8 +32,7 @@ def _cmd_ui(args: argparse.Namespace, store: Store, style: Style) -> int:
         from ..ui import Config, create_app
     except ImportError as exc:
         raise CommandError(
-            f"the web page needs the ui extra ({exc.name} is missing): "
-            "pip install 'durable-steps[ui]'",
+            f"the web page needs the ui extra ({exc.name} is missing): {extra_hint('ui')}",
             EXIT_USAGE,
         ) from exc
     config = Config(
@@ -99,7 +98,7 @@ def register(command: Callable[..., Any]) -> None:
         "loopback (the connection's address, never a header), and every action needs a token "
         "only the page it served holds; a request a proxy forwarded (X-Forwarded-For) only "
         "reads unless --trust-proxy. "
-        "Needs the ui extra: pip install 'durable-steps[ui]'.",
+        f"Needs the ui extra: {extra_hint('ui')}.",
     )
     ui.add_argument(
         "--host", default="127.0.0.1", help="the address to listen on (default: %(default)s)"

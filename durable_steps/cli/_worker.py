@@ -10,7 +10,7 @@ from typing import Any
 
 from .._apps import load_app
 from ..errors import DefinitionError
-from ..stores import Store
+from ..stores import Store, extra_hint
 from ..worker import Worker, install_signal_handlers
 
 __all__ = ["register"]
@@ -49,9 +49,7 @@ def _cmd_worker(args: argparse.Namespace, store: Store, _style: object) -> int:
         try:  # the `ray` extra, imported only when asked for
             from ..integrations.ray import RayDriver
         except ImportError as exc:
-            raise DefinitionError(
-                f"--ray needs Ray ({exc}): pip install 'durable-steps[ray]'"
-            ) from exc
+            raise DefinitionError(f"--ray needs Ray ({exc}): {extra_hint('ray')}") from exc
         driver = RayDriver(
             args.app,
             address=None if args.ray == "auto" else args.ray,

@@ -55,6 +55,7 @@ __all__ = [
     "S3Store",
     "Store",
     "command_hint",
+    "extra_hint",
     "open_store",
 ]
 
@@ -156,6 +157,11 @@ _LAZY = {
 }
 
 
+def extra_hint(extra: str) -> str:
+    """How to install an extra: from the index, and from a checkout of the repository."""
+    return f"pip install 'durable-steps[{extra}]' (from a checkout: pip install -e '.[{extra}]')"
+
+
 def _lazy(name: str) -> Any:
     """Import the store class ``name`` from its module, saying which extra is missing."""
     module, extra = _LAZY[name]
@@ -165,8 +171,7 @@ def _lazy(name: str) -> Any:
         if extra is None or exc.name == f"{__name__}.{module}":
             raise
         raise ImportError(
-            f"{name} needs the {extra!r} extra ({exc.name} is not installed): "
-            f"pip install 'durable-steps[{extra}]'"
+            f"{name} needs the {extra!r} extra ({exc.name} is not installed): {extra_hint(extra)}"
         ) from exc
     return getattr(imported, name)
 
