@@ -7,11 +7,13 @@ same script resumes where it stopped. See the README for the guarantees.
 
 from __future__ import annotations
 
+import importlib
+import sys
 from typing import TYPE_CHECKING, Any
 
 from . import testing
-from ._context import Context
 from ._events import Event, Progress
+from ._execution.context import Context
 from ._step import Fired, Retry, Step, step
 from ._version import __version__
 from ._workflow import Workflow
@@ -92,3 +94,22 @@ def __getattr__(name: str) -> Any:
 
         return getattr(stores, name)
     raise AttributeError(f"module 'durable_steps' has no attribute {name!r}")
+
+
+def _keep_pickled_paths() -> None:
+    """Old module paths that stored runs can name, kept importable (issue 37 moved them).
+
+    cloudpickle writes an importable class by module path, so a pickled state
+    holding a Context (or a class of the user's annotated with it), a ForkRefused
+    or a Suspend names the module it was in; these entries keep such runs loading
+    (tests/test_layout.py loads one).
+    """
+    for old, new in {
+        "_context": "_execution.context",
+        "_fork": "_deploys.fork",
+        "_waits": "_execution.waits",
+    }.items():
+        sys.modules.setdefault(f"{__name__}.{old}", importlib.import_module(f"{__name__}.{new}"))
+
+
+_keep_pickled_paths()

@@ -1,6 +1,6 @@
 """Effects and the two drivers that perform them (sync and asyncio).
 
-The run protocol (:mod:`durable_steps._runner`) is a generator that never
+The run protocol (:mod:`durable_steps._protocol.runner`) is a generator that never
 does I/O: it yields the effects below and is sent their results, or has
 their exceptions thrown in. The drivers differ only in *how* they perform an
 effect — directly, or with ``await`` and ``asyncio.to_thread`` — so ``run``
@@ -80,7 +80,7 @@ class ListObjects:
 class Put:
     """Conditional write: result the new version. ``not_before``: the
     ``time.monotonic()`` moment it may be sent at the earliest (a store that
-    limits writes per object name, see ``_pacing``); the driver waits for it
+    limits writes per object name, see ``_fleet.pacing``); the driver waits for it
     in the thread that sends it, never on an event loop.
     """
 

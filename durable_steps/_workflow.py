@@ -8,11 +8,15 @@ import threading
 from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any, Literal, ParamSpec, TypeVar, overload
 
-from . import _fingerprints, _fork, _resolve, _runner, _signals
+from ._deploys import fingerprints as _fingerprints
+from ._deploys import fork as _fork
 from ._drivers import drive_async, drive_sync
 from ._events import Subscriber
-from ._pacing import write_interval
-from ._plan import Plan
+from ._execution.plan import Plan
+from ._fleet import signals as _signals
+from ._fleet.pacing import write_interval
+from ._protocol import resolving as _resolve
+from ._protocol import runner as _runner
 from ._record.checkpoint import validate_name
 from ._step import InDoubt, Retry, Step, callable_with, is_async_callable
 from .errors import DefinitionError, RunNotFound, RunSuspended

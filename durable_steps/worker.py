@@ -35,9 +35,9 @@ from typing import TYPE_CHECKING
 
 from ._drivers import drive_async, drive_sync
 from ._events import logger
-from ._finding import Finder
-from ._run import Released
-from ._runner import RunGone, execute
+from ._execution.run_state import Released
+from ._fleet.finding import Finder
+from ._protocol.runner import RunGone, execute
 from .errors import (
     CheckpointConflict,
     DefinitionError,
@@ -163,7 +163,7 @@ class Worker:
 
         One LIST of the workflow's live runs in the index of runs; a GET only
         for a run that is (or was) owned and whose owner's lease has run out
-        by this worker's memory (see ``_finding``). On a store written before
+        by this worker's memory (see ``_fleet.finding``). On a store written before
         the index, one LIST of every run instead, with a warning that says how
         to build the index.
         """

@@ -40,7 +40,7 @@ in format 1 (a custom serializer), whose journal rides in the header.
 ``--stop`` makes the crash a SIGSTOP: the process freezes there, alive.
 
 ``jrn-quick`` (a store that paces its head's writes, see
-``durable_steps._pacing``): one step ``turn`` looping :data:`QUICK_PASSES`
+``durable_steps._fleet.pacing``): one step ``turn`` looping :data:`QUICK_PASSES`
 passes, each making :data:`QUICK_CALLS` quick ``ctx.call("q:<i>")`` (logged
 ``q:<pass>:<i>``), then ``ctx.effect("pay")`` (logged ``pay:<pass>``, its
 key in the ledger as ``pay:<pass>:<key>``), then :data:`QUICK_AFTER` more

@@ -1,4 +1,4 @@
-"""The one approval payload (``durable_steps._approval``): what a wait for an approval
+"""The one approval payload (``durable_steps._fleet.approval``): what a wait for an approval
 accepts, and where another shape is refused — ``wf.signal``, the command line (a real
 process), the web page (real HTTP) — with the run still waiting and nothing sent.
 Runs whose waits say nothing about what they accept (earlier versions) take anything.
@@ -21,9 +21,9 @@ from typing import Any
 import pytest
 
 import durable_steps as ds
-from durable_steps._approval import approval
+from durable_steps._fleet.approval import approval
+from durable_steps._fleet.signals import signal_key
 from durable_steps._record import checkpoint as ckpt
-from durable_steps._signals import signal_key
 from durable_steps.cli._waiting import signal_sent
 from tests.storetools import Wrapped, rewrite_header
 

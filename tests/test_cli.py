@@ -25,8 +25,8 @@ from typing import Any
 import pytest
 
 import durable_steps as ds
-from durable_steps import _index
 from durable_steps._drivers import drive_sync
+from durable_steps._fleet import index as _index
 from durable_steps._record import checkpoint as ckpt
 from durable_steps.testing import CrashingStore, SimulatedCrash
 from tests.conftest import StoreTarget

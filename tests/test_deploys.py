@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 
 import durable_steps as ds
-from durable_steps._fingerprints import fingerprint
+from durable_steps._deploys.fingerprints import fingerprint
 from durable_steps._record import checkpoint as ckpt
 from tests.conftest import StoreTarget, _target
 
@@ -524,7 +524,7 @@ def test_a_fingerprint_is_the_same_in_every_process(tmp_path: Path) -> None:
     (tmp_path / "fp.py").write_text("def f(state):\n    return state in {'a', 'b', 'c', 'd'}\n")
     code = (
         "import sys; sys.path.insert(0, sys.argv[1]); import fp; "
-        "from durable_steps._fingerprints import fingerprint; print(fingerprint(fp.f))"
+        "from durable_steps._deploys.fingerprints import fingerprint; print(fingerprint(fp.f))"
     )
     prints = {
         subprocess.run(

@@ -144,7 +144,7 @@ def test_a_suspended_run_woken_here_never_overlaps_the_effect_it_left_running(
 def test_a_start_while_another_start_of_the_key_fires_takes_its_outcome() -> None:
     """Two starts of one key in one process: the second waits, then records what the
     first returned without calling it (the registry alone, two journals)."""
-    from durable_steps import _firing
+    from durable_steps._execution import firing as _firing
 
     first, _ = _firing.claim("ds-k1")
     assert first is not None

@@ -15,9 +15,9 @@ import pytest
 
 import durable_steps as ds
 from durable_steps import cli
+from durable_steps._fleet.signals import signal_key
 from durable_steps._record import checkpoint as ckpt
 from durable_steps._record import format2 as f2
-from durable_steps._signals import signal_key
 from durable_steps.cli import _cleanup
 from durable_steps.cli._base import EXIT_NOT_FOUND
 from durable_steps.cli._format import human_size

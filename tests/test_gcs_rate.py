@@ -5,7 +5,7 @@ The emulator (fake-gcs-server) does not enforce the limit, so a
 write of one object name within a second (``rate_limit``). Through it: a
 step making 20 quick journaled calls on GCS succeeds without a single 429
 (paced head writes, the calls coalesced into them; see
-``durable_steps._pacing``), while the same step with pacing off fails with
+``durable_steps._fleet.pacing``), while the same step with pacing off fails with
 StoreError. The rest (replays, effects, other stores unchanged) runs on a
 local store that declares an interval, which is where the journal's logic
 lives.
@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 
 import durable_steps as ds
-from durable_steps._pacing import MAX_INTERVAL, Pace, write_interval
+from durable_steps._fleet.pacing import MAX_INTERVAL, Pace, write_interval
 from durable_steps._record import checkpoint as ckpt
 from tests.cloudservers import FakeGCSServer
 from tests.faultproxy import FaultProxy

@@ -1,7 +1,7 @@
 """Waits, leases and the one head writer on a store that paces its writes (GCS).
 
 A run on such a store defers quick ``ctx.call`` results into its next head
-write (see ``durable_steps._pacing``). These tests pin what that must not
+write (see ``durable_steps._fleet.pacing``). These tests pin what that must not
 break: a wait writes the deferred results before the run suspends, so after
 the wake the finished calls replay; the runner's own journal writes (a wait's
 wake time) go through the journal's one writer, so no two head writes of a

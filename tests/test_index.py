@@ -19,8 +19,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import durable_steps as ds
-from durable_steps import _index, _index_read
 from durable_steps._drivers import drive_sync
+from durable_steps._fleet import index as _index
+from durable_steps._fleet import listing as _index_read
 from durable_steps._record import checkpoint as ckpt
 from durable_steps.stores import ObjectInfo
 from tests.conftest import StoreTarget, _target
@@ -447,7 +448,7 @@ def live_heads(store: ds.Store) -> dict[str, ckpt.Checkpoint]:
 def recover(store: ds.Store, target: StoreTarget, monkeypatch: pytest.MonkeyPatch) -> None:
     """What the fleet does next: the sender of a signal sends it again, workers run
     what is claimable, prune cleans what deletes left (with no grace left to wait)."""
-    from durable_steps import _finding
+    from durable_steps._fleet import finding as _finding
 
     monkeypatch.setattr(_index, "GRACE", 0.0)
     monkeypatch.setattr(_finding, "_RECHECK", 0.0)

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 import durable_steps as ds
-from durable_steps import _index
+from durable_steps._fleet import index as _index
 from durable_steps.cli._indexed import covered
 from durable_steps.stores import ObjectInfo
 from tests.conftest import StoreTarget, _target

@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 
 import durable_steps as ds
-from durable_steps import _index
-from durable_steps._signals import signal_key
+from durable_steps._fleet import index as _index
+from durable_steps._fleet.signals import signal_key
 from tests.conftest import StoreTarget, _target
 from tests.test_index import entries, head
 from tests.test_index_races import Hooked, killed

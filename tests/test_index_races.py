@@ -19,8 +19,9 @@ from typing import Any
 import pytest
 
 import durable_steps as ds
-from durable_steps import _index, _index_read
 from durable_steps._drivers import drive_sync
+from durable_steps._fleet import index as _index
+from durable_steps._fleet import listing as _index_read
 from durable_steps._record import checkpoint as ckpt
 from durable_steps.cli._indexed import covered
 from durable_steps.stores import ObjectInfo

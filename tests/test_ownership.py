@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 import durable_steps as ds
-from durable_steps import _lease
+from durable_steps._fleet import leases as _lease
 from durable_steps._record import checkpoint as ckpt
 from tests.storetools import Wrapped, rewrite_header
 

@@ -2,7 +2,7 @@
 
 On a store that paces its head's writes (GCS; here also a local store made
 to declare ``min_write_interval``), quick ``ctx.call`` results are deferred
-into the next write (see ``durable_steps._pacing``). ``tests/journalchild.py
+into the next write (see ``durable_steps._fleet.pacing``). ``tests/journalchild.py
 jrn-quick`` makes two passes of 8 quick calls, an effect and 3 more calls,
 and is killed before or after its N-th head write, inside the effect, or
 right after a call returned; a second child finishes the run. Then, whatever

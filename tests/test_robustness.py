@@ -12,7 +12,7 @@ import pytest
 
 import durable_steps as ds
 from durable_steps import cli
-from durable_steps._lease import Heartbeat
+from durable_steps._fleet.leases import Heartbeat
 from durable_steps._record import checkpoint as ckpt
 from durable_steps.cli import _cleanup
 from durable_steps.errors import StoreError

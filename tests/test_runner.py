@@ -605,7 +605,7 @@ def test_step_failed_says_which_attempt(
 def test_retry_waits_with_backoff(monkeypatch: pytest.MonkeyPatch) -> None:
     """Retry waits grow from wait towards max_wait; no_wait() removes the sleeps."""
     slept: list[float] = []
-    monkeypatch.setattr("durable_steps._runner.time.sleep", slept.append)
+    monkeypatch.setattr("durable_steps._protocol.runner.time.sleep", slept.append)
     wf = ds.Workflow("backoff", store="memory://")
 
     @wf.step(retry=ds.Retry(attempts=4, wait=1.0, max_wait=3.0))

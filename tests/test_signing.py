@@ -171,7 +171,7 @@ def test_resolve_re_signs_and_readers_without_the_key_still_see_the_header() -> 
 
 def test_resolve_without_the_key_is_refused() -> None:
     """Resolving a signed run needs the key: an unsigned header would be refused later."""
-    from durable_steps import _resolve
+    from durable_steps._protocol import resolving as _resolve
 
     store = ds.MemoryStore()
     workflow(store, []).run("a", {})

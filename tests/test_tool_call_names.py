@@ -35,7 +35,7 @@ from pydantic_ai.messages import (
 from pydantic_ai.models.function import AgentInfo, FunctionModel
 
 import durable_steps as ds
-from durable_steps._journal import MAX_NAME
+from durable_steps._execution.journal import MAX_NAME
 from durable_steps.integrations import openai_agents, pydantic_ai
 from durable_steps.integrations._names import tool_call_name
 from tests.sdkscript import message, response, told, tool_call

@@ -14,8 +14,8 @@ import pytest
 pytest.importorskip("starlette", reason="the ui extra is not installed")
 
 import durable_steps as ds
-from durable_steps import _index
 from durable_steps._drivers import drive_sync
+from durable_steps._fleet import index as _index
 from durable_steps._record import checkpoint as ckpt
 from durable_steps.ui import _detail, _listing
 

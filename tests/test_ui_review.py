@@ -19,7 +19,7 @@ pytest.importorskip("starlette", reason="the ui extra is not installed")
 pytest.importorskip("uvicorn", reason="the ui extra is not installed")
 
 import durable_steps as ds
-from durable_steps import _index
+from durable_steps._fleet import index as _index
 from durable_steps.cli import _main
 from durable_steps.cli._runs import load
 from durable_steps.ui import _listing

@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 
 import durable_steps as ds
+from durable_steps._fleet.signals import signal_key
 from durable_steps._record import checkpoint as ckpt
-from durable_steps._signals import signal_key
 
 
 class Crash(BaseException):

@@ -24,8 +24,8 @@ from typing import Any
 import pytest
 
 import durable_steps as ds
-from durable_steps import _index_read
 from durable_steps._drivers import drive_sync
+from durable_steps._fleet import listing as _index_read
 from durable_steps._record import checkpoint as ckpt
 from tests import workerapp
 from tests.conftest import StoreTarget, one_s3_kind_each

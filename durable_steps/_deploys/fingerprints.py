@@ -14,7 +14,7 @@ import types
 from collections.abc import Sequence
 from typing import Any
 
-from ._step import Step
+from .._step import Step
 
 __all__ = ["code_changes", "fingerprint", "fingerprints"]
 

@@ -7,14 +7,14 @@ under a new key, which the log says (a service cannot match the two).
 
 from __future__ import annotations
 
-from ._deploy import check_serializer
-from ._drivers import Get, Protocol
-from ._events import logger
-from ._plan import Plan
-from ._record import checkpoint as ckpt
-from ._record import format2 as f2
-from ._run import RunState
-from .errors import CheckpointConflict, CorruptCheckpoint, DefinitionError, DurableStepsError
+from .._drivers import Get, Protocol
+from .._events import logger
+from .._execution.plan import Plan
+from .._execution.run_state import RunState
+from .._record import checkpoint as ckpt
+from .._record import format2 as f2
+from ..errors import CheckpointConflict, CorruptCheckpoint, DefinitionError, DurableStepsError
+from .positions import check_serializer
 
 __all__ = ["ForkRefused", "fork"]
 

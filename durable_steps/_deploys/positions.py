@@ -16,12 +16,12 @@ that change the code"):
   committed moved after it, would be skipped or run twice).
 
 The decision is pure: it reads names and returns the new cursor, the intent
-with its ``index`` remapped (so the in-doubt check of ``_runner._advance``,
+with its ``index`` remapped (so the in-doubt check of ``_protocol.runner._advance``,
 and the persisted idempotency key, still apply) and the notes to log. The
 run's header takes the current step list at its next write — except the
 names of renamed steps, below. This module also holds ``Workflow(version=,
 migrate=)`` (:func:`migrate`); step code fingerprints are in
-``_fingerprints``, ``wf.fork`` in ``_fork``.
+``_deploys.fingerprints``, ``wf.fork`` in ``_deploys.fork``.
 
 Renames and rollbacks. A rename (``renamed_from``) is one-way: the old code
 has no ``renamed_from`` pointing back, so a head that names ``approve``
@@ -53,18 +53,14 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ._drivers import Call, Protocol
-from ._events import logger
-from ._fingerprints import code_changes
-from ._plan import Plan
-from ._record import checkpoint as ckpt
-from ._run import RunState
-from .errors import (
-    DurableStepsError,
-    SerializationError,
-    WorkflowChanged,
-)
-from .stores import command_hint
+from .._drivers import Call, Protocol
+from .._events import logger
+from .._execution.plan import Plan
+from .._execution.run_state import RunState
+from .._record import checkpoint as ckpt
+from ..errors import DurableStepsError, SerializationError, WorkflowChanged
+from ..stores import command_hint
+from .fingerprints import code_changes
 
 __all__ = [
     "Decision",
@@ -274,7 +270,7 @@ class Held:
             intent = {**intent, "step": names[intent["step"]]}
         if journal is not None and journal["step"] in names:
             # Records this execution makes carry the current name: ``was`` lists it,
-            # so the old code (and this code again) finds them (see ``_log``).
+            # so the old code (and this code again) finds them (see ``_execution.log``).
             step, old = journal["step"], names[journal["step"]]
             was = sorted({step, *journal.get("was", ())} - {old})
             journal = {**journal, "step": old, "was": was}
@@ -309,7 +305,7 @@ def adopt(run: RunState, header: ckpt.Checkpoint) -> ckpt.Checkpoint:
         return header
     renamed = plan.renamed()
     journal, wait = header.journal, header.wait
-    if journal is not None and journal["step"] in renamed:  # its records follow it (_log)
+    if journal is not None and journal["step"] in renamed:  # its records follow it (_execution.log)
         # Its records keep the name they were written under: ``was`` lists the
         # names they may carry, so a second rename (b -> x -> y) still finds them.
         was = sorted({journal["step"], *journal.get("was", ())})

@@ -2,7 +2,7 @@
 
 :class:`Context` is what ``fn(state, ctx)`` receives. Its journaled calls
 (``call``, ``effect`` and their async twins) and waits (``sleep``,
-``wait_for``) go through the step's :class:`~durable_steps._journal.Journal`;
+``wait_for``) go through the step's :class:`~durable_steps._execution.journal.Journal`;
 a Context made by hand (a unit test of a step) has none, and then runs
 calls directly.
 """
@@ -16,13 +16,13 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
-from ._approval import Accepts
-from ._record.checkpoint import effect_key
-from ._waits import sleep_until, wait_for
-from .errors import DefinitionError
+from .._fleet.approval import Accepts
+from .._record.checkpoint import effect_key
+from ..errors import DefinitionError
+from .waits import sleep_until, wait_for
 
 if TYPE_CHECKING:
-    from ._journal import Journal
+    from .journal import Journal
 
 __all__ = ["Context"]
 

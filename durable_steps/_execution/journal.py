@@ -40,14 +40,14 @@ Why a crash at any instant is safe
     saves the state the calls produced.
 Concurrency
     ``asyncio.gather`` over ``acall``/``aeffect``, or threads in a sync step,
-    record concurrently, sharing writes (group commit, in :mod:`._log`).
+    record concurrently, sharing writes (group commit, in :mod:`~durable_steps._execution.log`).
     Nobody returns before their own record is durable, and an effect's
     ``fn`` starts only after its intent is. One effect never fires twice at
     once in a process, and the runner waits for what an attempt left
-    running before it goes on (see :mod:`._firing`).
+    running before it goes on (see :mod:`~durable_steps._execution.firing`).
 Where the code is
     :class:`Journal` (here) is the calls: names, replays, keys, titles,
-    events. Its base :class:`~._log.Log` is the state and the writes.
+    events. Its base :class:`~durable_steps._execution.log.Log` is the state and the writes.
 """
 
 from __future__ import annotations
@@ -59,11 +59,11 @@ from collections.abc import Awaitable, Callable
 from concurrent.futures import Future
 from typing import Any
 
-from ._firing import Firing, Outcome, claim
-from ._log import Change, Kind, Log, Result, Writer
-from ._record import checkpoint as ckpt
-from .errors import DefinitionError
-from .stores import DEFAULT_STORE
+from .._record import checkpoint as ckpt
+from ..errors import DefinitionError
+from ..stores import DEFAULT_STORE
+from .firing import Firing, Outcome, claim
+from .log import Change, Kind, Log, Result, Writer
 
 __all__ = ["MISS", "Journal"]
 
@@ -88,7 +88,7 @@ class Journal(Log):
     ) -> None:
         super().__init__(run, step, iteration)
         self.idempotent = idempotent
-        """False for a non-idempotent step, which may not wait (see ``_waits``)."""
+        """False for a non-idempotent step, which may not wait (see ``_execution.waits``)."""
         self.policy = policy
         """The step's in-doubt policy, recorded with each intent for the tools."""
         self.used: set[str] = set()
@@ -105,7 +105,7 @@ class Journal(Log):
         self.sleeps = 0
         """``ctx.sleep`` calls so far in this attempt (they are named by order)."""
         self._firings: set[Firing] = set()
-        """The effect starts of this journal still running (see ``_firing``)."""
+        """The effect starts of this journal still running (see ``_execution.firing``)."""
 
     def in_doubt(self) -> list[dict[str, Any]]:
         """The open effects no process here fired and nobody resolved."""
@@ -239,7 +239,7 @@ class Journal(Log):
         return ckpt.effect_key(self.run.header.run_nonce, self.iteration, self.step, name)
 
     def _after(self, name: str, outcome: Outcome) -> Any:
-        """Take over what an earlier start of effect ``name`` did (see ``_firing``):
+        """Take over what an earlier start of effect ``name`` did (see ``_execution.firing``):
         its recorded result, replayed; else ``MISS``, with its returned result
         left to record, or its failure to fire again after.
         """
@@ -256,7 +256,7 @@ class Journal(Log):
         return MISS
 
     def _claim(self, name: str) -> tuple[Firing | None, Future[Outcome]]:
-        """Claim effect ``name``'s key for this start (see ``_firing``): the claim,
+        """Claim effect ``name``'s key for this start (see ``_execution.firing``): the claim,
         or else the future of the earlier start to wait for first.
         """
         firing, earlier = claim(self._key(name))

@@ -2,11 +2,11 @@ r"""A step's journal as the run stores it: what is open, what is recorded, and
 the writes that make each change durable.
 
 :class:`Log` is the state and the write side of a
-:class:`~durable_steps._journal.Journal` (which adds the calls themselves).
+:class:`~durable_steps._execution.journal.Journal` (which adds the calls themselves).
 It loads what the run's head holds for its step, and makes every change —
 an effect's intent, a call's result — durable through the run's
 :class:`Writer` (the runner's ``RunState``, handed in), one head write per
-group of changes; see :mod:`durable_steps._journal` for the protocol and
+group of changes; see :mod:`durable_steps._execution.journal` for the protocol and
 why a crash at any instant is safe.
 
 Group commit
@@ -19,7 +19,7 @@ Group commit
 
 Deferred call results
     On a store that limits writes per object name (GCS; see
-    :mod:`durable_steps._pacing` for the design), a ``ctx.call`` result that
+    :mod:`durable_steps._fleet.pacing` for the design), a ``ctx.call`` result that
     arrives while the head's next write slot is not due is *deferred*: it
     joins the queue without a waiter, ``ctx.call`` returns, and a timer
     writes the queue when the slot is due (unless another write — an
@@ -41,19 +41,19 @@ import typing
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
-from ._drivers import Blocking, drive_sync
-from ._drivers import Protocol as DriverProtocol
-from ._record import checkpoint as ckpt
-from ._record import format2 as f2
-from .errors import CheckpointConflict, CorruptCheckpoint, DefinitionError, SerializationError
-from .serializers import plain_json
+from .._drivers import Blocking, drive_sync
+from .._drivers import Protocol as DriverProtocol
+from .._record import checkpoint as ckpt
+from .._record import format2 as f2
+from ..errors import CheckpointConflict, CorruptCheckpoint, DefinitionError, SerializationError
+from ..serializers import plain_json
 
 if TYPE_CHECKING:
-    from ._events import EventKind
-    from ._lease import Owner
-    from ._pacing import Pace
-    from ._plan import Plan
-    from ._record.checkpoint import Signer
+    from .._events import EventKind
+    from .._fleet.leases import Owner
+    from .._fleet.pacing import Pace
+    from .._record.checkpoint import Signer
+    from .plan import Plan
 
 __all__ = ["Change", "Kind", "Log", "Result", "Writer"]
 
@@ -63,7 +63,7 @@ logger = logging.getLogger("durable_steps")
 class Writer(typing.Protocol):
     """What a journal needs of the run it records in.
 
-    :class:`~durable_steps._run.RunState` is the one writer of a run's
+    :class:`~durable_steps._execution.run_state.RunState` is the one writer of a run's
     checkpoint; it is handed to the journal (and the journal's waits) as
     this, so the journal writes through it without knowing the runner.
     """
@@ -162,7 +162,7 @@ class Log:
             return
         self.open = {entry["name"]: dict(entry) for entry in field["open"]}
         # The names the step's records may carry: the step was renamed since they
-        # were written (``was``, kept by _deploy.adopt), perhaps again now (renamed).
+        # were written (``was``, kept by _deploys.positions.adopt), perhaps again now (renamed).
         self.was = list(field.get("was", ()))
         names = {self.step, *self.was}
         if run.header.format == 1:

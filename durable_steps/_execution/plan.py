@@ -11,12 +11,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from ._events import Subscriber
-from ._step import Step
+from .._events import Subscriber
+from .._step import Step
 
 if TYPE_CHECKING:
-    from .serializers import Serializer
-    from .stores import Store
+    from ..serializers import Serializer
+    from ..stores import Store
 
 __all__ = ["Plan"]
 
@@ -43,7 +43,7 @@ class Plan:
     implicit_store: bool = False
     """The store is the default local directory, chosen by nobody."""
     version: str | None = None
-    """``Workflow(version=)``, stored with the run (see ``_deploy``)."""
+    """``Workflow(version=)``, stored with the run (see ``_deploys.positions``)."""
     migrate: Callable[[Any, str | None], Any] | None = None
     code: dict[str, str] = field(default_factory=dict)
     """The steps' code fingerprints, recorded with every commit."""

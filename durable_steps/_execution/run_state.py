@@ -16,24 +16,25 @@ import typing
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from . import _index, _pacing
-from ._clearing import clear_objects
-from ._drivers import Blocking, Delete, Get, ListKeys, Protocol, Put, Sweep, drive_sync
-from ._events import Event, EventKind, emit, logger
-from ._lease import Heartbeat, Owner, describe, store_skew
-from ._pacing import Pace, write_interval
-from ._plan import Plan
-from ._record import checkpoint as ckpt
-from ._record import format2 as f2
-from ._signals import signals_prefix
-from .errors import CheckpointConflict, CorruptCheckpoint, SerializationError, StoreError
-from .serializers import SignedSerializer
+from .._drivers import Blocking, Delete, Get, ListKeys, Protocol, Put, Sweep, drive_sync
+from .._events import Event, EventKind, emit, logger
+from .._fleet import index as _index
+from .._fleet import pacing as _pacing
+from .._fleet.clearing import clear_objects
+from .._fleet.leases import Heartbeat, Owner, describe, store_skew
+from .._fleet.pacing import Pace, write_interval
+from .._fleet.signals import signals_prefix
+from .._record import checkpoint as ckpt
+from .._record import format2 as f2
+from ..errors import CheckpointConflict, CorruptCheckpoint, SerializationError, StoreError
+from ..serializers import SignedSerializer
+from .plan import Plan
 
 __all__ = ["Keeping", "Released", "RunState"]
 
 
 class Keeping(typing.Protocol):
-    """The names a run's head keeps for renamed steps (``_deploy.Held``)."""
+    """The names a run's head keeps for renamed steps (``_deploys.positions.Held``)."""
 
     @property
     def names(self) -> Mapping[str, str]:
@@ -84,15 +85,15 @@ class RunState:
         self.leaked = False
         """A part this execution dropped could not be deleted."""
         self.entry: str | None = None
-        """The index entry (``_index``) of the head last written or read."""
+        """The index entry (``_fleet.index``) of the head last written or read."""
         self.mark: int | None = None
         """Format 2, while a step runs: the length of the committed tail, which
         the step's journal records follow (its commit drops them)."""
         self.pace = Pace(write_interval(plan.store))
         """When the head may next be written, on a store that limits writes
-        per object name (GCS); always at once elsewhere (see ``_pacing``)."""
+        per object name (GCS); always at once elsewhere (see ``_fleet.pacing``)."""
         self.held: Keeping | None = None
-        """Renamed steps' stored names, which the head keeps (``_deploy.Held``);
+        """Renamed steps' stored names, which the head keeps (``_deploys.positions.Held``);
         None: the run's names are the code's."""
 
     def stored_step(self, step: str) -> str:
@@ -367,7 +368,7 @@ class RunState:
         header = self.stamp(header, release=release)
         creating = self.version is None
         try:
-            if creating:  # its index entry first, so the new run is findable (see _index)
+            if creating:  # its index entry first, so the new run is findable (see _fleet.index)
                 yield from self._mark(header)
             else:
                 yield from _index.leaving(self.entry, header)
@@ -376,7 +377,7 @@ class RunState:
                 yield Blocking(_pacing.wait_until, (slot,))
             # Only now the lease: stamped before the index writes and the wait
             # for the slot, it would run out that much sooner after the head
-            # lands (see ``_pacing``, "The lease").
+            # lands (see ``_fleet.pacing``, "The lease").
             header = self.stamp(header, release=release)
             sent = header if self.held is None else self.held.stored(header)  # (rollbacks)
             data = ckpt.encode(sent, self.payload if payload is None else payload, self.signer)
@@ -404,7 +405,7 @@ class RunState:
 
     def _mark(self, header: ckpt.Checkpoint) -> Protocol[None]:
         """Before a new run's head: the registry, then the run's marker; and the
-        head is not sent if the marker landed too long ago (see ``_index``).
+        head is not sent if the marker landed too long ago (see ``_fleet.index``).
         """
         store = self.plan.store
         yield from _index.registered(
@@ -519,7 +520,7 @@ class RunState:
             yield from self._collect(dropped)
 
     def heartbeat(self) -> Heartbeat:
-        """Renew the lease from a thread until stopped (see ``_lease``)."""
+        """Renew the lease from a thread until stopped (see ``_fleet.leases``)."""
 
         def renew() -> None:
             # A resumed run claims with its first write: this one, if the

@@ -2,7 +2,7 @@
 
 Each wait is journaled (the wake time, the deadline, the received payload),
 so a re-run of the step takes the same branch. A wait that cannot return
-yet raises :class:`Suspend`; the runner's side (:mod:`durable_steps._waiting`)
+yet raises :class:`Suspend`; the runner's side (:mod:`durable_steps._protocol.suspending`)
 turns that into a suspended run.
 
 No store I/O on an event loop
@@ -16,7 +16,7 @@ No store I/O on an event loop
     signal was there, or the deadline passed — runs the step again from its
     start, which then finds everything recorded and returns at once. A run
     woken for its signal has the payload recorded by the runner before the
-    step runs (:func:`durable_steps._waiting.wake`), so the common path
+    step runs (:func:`durable_steps._protocol.suspending.wake`), so the common path
     costs no extra run of the step. Outside a loop (a sync run) the waits
     read and write the store directly, as a sync step's other calls do.
 """
@@ -29,14 +29,14 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from ._approval import APPROVAL, accepted, refusal
-from ._drivers import Get, Protocol, Put, drive_sync
-from ._events import logger
-from ._journal import MISS, Journal
-from ._log import Kind, Writer
-from ._record import checkpoint as ckpt
-from ._signals import consumed, decode, signal_key
-from .errors import DefinitionError, DurableStepsError, SignalTimeout
+from .._drivers import Get, Protocol, Put, drive_sync
+from .._events import logger
+from .._fleet.approval import APPROVAL, accepted, refusal
+from .._fleet.signals import consumed, decode, signal_key
+from .._record import checkpoint as ckpt
+from ..errors import DefinitionError, DurableStepsError, SignalTimeout
+from .journal import MISS, Journal
+from .log import Kind, Writer
 
 __all__ = ["Suspend", "receive", "sleep_until", "wait_for"]
 
@@ -51,7 +51,7 @@ class Suspend(BaseException):
     it; the runner turns it into status ``waiting`` and ``RunSuspended``.
     ``pending`` and ``check``: what the wait left to the runner, on an event
     loop (see the module docstring). ``accepts``: the payloads the wait takes
-    (``"approval"``, see :mod:`durable_steps._approval`; None: any).
+    (``"approval"``, see :mod:`durable_steps._fleet.approval`; None: any).
     """
 
     def __init__(
@@ -164,7 +164,7 @@ def wait_for(journal: Journal, name: str, timeout: float | None, accepts: str | 
         return hit
     # A payload recorded that the wait does not take (an earlier version recorded
     # it unchecked) is not received: the run waits again, and one of the right
-    # shape replaces it (``_signals.send``), recorded over it.
+    # shape replaces it (``_fleet.signals.send``), recorded over it.
     if journal.begin(f"timeout:{name}", "timeout") is not MISS:
         # Recorded: a re-run takes the same branch, even if the signal came since.
         raise timed_out(run, journal.step, name, timeout)
@@ -241,7 +241,7 @@ def receive(
         return MISS
     if received is None:
         # Marked under the name the run's head keeps: the code a rename replaced, if it
-        # is redeployed, must find the signal received by its own step (_deploy.Held).
+        # is redeployed, must find the signal received by its own step (_deploys.positions.Held).
         mark = [run.stored_step(step), iteration]
         with contextlib.suppress(DurableStepsError):  # changed, unreachable: fine
             yield Put(key, consumed(record, mark, run.signer), found[1])

@@ -12,7 +12,7 @@ Nothing else decides: a payload of another shape (``"approve"``,
 ``{"approve": true}``, ``null``) is neither a yes nor a no. So a wait for
 an approval records that it accepts only this (``accepts: "approval"`` in
 the run's ``wait``), and a signal whose payload does not fit is refused
-when it is sent (:func:`durable_steps._signals.send`) — a typo is heard by
+when it is sent (:func:`durable_steps._fleet.signals.send`) — a typo is heard by
 the person who made it, instead of silently approving or rejecting a tool
 call. One sent before the run waited (so not checked then) is not
 delivered: the run keeps waiting, and a signal of the right shape may be

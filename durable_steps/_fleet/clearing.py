@@ -7,10 +7,10 @@ run deletes (or tombstones) its head under their own condition first.
 
 from __future__ import annotations
 
-from ._drivers import Delete, ListKeys, ListObjects, Protocol, Sweep
-from ._record import format2 as f2
-from ._record import history
-from ._signals import signals_prefix
+from .._drivers import Delete, ListKeys, ListObjects, Protocol, Sweep
+from .._record import format2 as f2
+from .._record import history
+from .signals import signals_prefix
 
 __all__ = ["clear_leftovers", "clear_objects"]
 

@@ -1,7 +1,7 @@
 """Finding a workflow's claimable runs: through the index, or by listing every run.
 
 A :class:`Finder` is the memory of a worker (thread pool or Ray driver)
-between its scans. On a store whose index is complete (see ``_index``) a
+between its scans. On a store whose index is complete (see ``_fleet.index``) a
 scan is one LIST of the workflow's live markers. What a marker's name says
 decides most runs with no GET at all — a submitted or released run is ready,
 a waiting one is ready once its time is due or a nudge says its signal
@@ -25,17 +25,19 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from . import _index, _index_read, _signals
-from ._clearing import clear_leftovers
-from ._drivers import drive_sync
-from ._events import logger
-from ._lease import is_live, store_skew
-from ._record import checkpoint as ckpt
-from .errors import CorruptCheckpoint, DefinitionError, DurableStepsError
-from .stores import command_hint
+from .._drivers import drive_sync
+from .._events import logger
+from .._record import checkpoint as ckpt
+from ..errors import CorruptCheckpoint, DefinitionError, DurableStepsError
+from ..stores import command_hint
+from . import index as _index
+from . import listing as _index_read
+from . import signals as _signals
+from .clearing import clear_leftovers
+from .leases import is_live, store_skew
 
 if TYPE_CHECKING:
-    from .stores import ObjectInfo, Store
+    from ..stores import ObjectInfo, Store
 
 __all__ = ["Finder"]
 
@@ -155,7 +157,7 @@ class Finder:
         )
 
     def _settled(self, live: _index_read.Live, now: float, skew: float | None) -> bool:
-        """Whether none of the run's entries changed in :data:`~durable_steps._index.GRACE`:
+        """Whether none of the run's entries changed in :data:`~durable_steps._fleet.index.GRACE`:
         then its head is read once (and remembered while its entries stay as they are).
         A marker judged by its name alone could be all an interrupted ``rm`` left — a
         waiting or in-doubt run's is never claimed, so nothing else would read its
@@ -192,7 +194,7 @@ class Finder:
     def _orphaned(self, live: _index_read.Live, seen: _Seen) -> None:
         """A run resumed and waiting again for a signal whose nudge it has: is the
         signal there, and one its wait takes? If not, the nudge is an orphan — its
-        sender died between it and the signal object (see ``_signals.send``), or it
+        sender died between it and the signal object (see ``_fleet.signals.send``), or it
         sent a payload the wait does not accept (an approval of another shape,
         sent before the run waited), which decides nothing — and trusting it
         would resume the run at every scan, for ever. It is deleted, then the signal looked at

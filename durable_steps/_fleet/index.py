@@ -31,7 +31,7 @@ Signals
     with no signal: the worker whose resume of the run finds none deletes it
     (then looks again, and puts it back if the signal landed meanwhile), and
     the sender writes its nudge once more after the signal, so no order of
-    the two loses a wake (see ``_finding.Finder._orphaned``).
+    the two loses a wake (see ``_fleet.finding.Finder._orphaned``).
 Finished runs
     A completed (or tombstoned) run has a *done entry* instead, named by its
     completion time inverted, so a LIST of ``done/<workflow>/`` yields the
@@ -94,7 +94,7 @@ The protocol (why a crash at any instant loses no run)
     deleted only after :data:`GRACE` too, and then the head is read again and
     the marker it calls for now created: marker keys are reused (class and
     nonce), so the run may have moved back into that very key since the GET
-    (see :func:`~durable_steps._index_read.repair`). A run leaving a hiding
+    (see :func:`~durable_steps._fleet.listing.repair`). A run leaving a hiding
     class writes its new marker again after its head, for the same reason.
     The run's nudges stay until it finishes.
 Leftovers of a deleted run
@@ -125,8 +125,8 @@ Mixed versions (the upgrade rule)
     listing of every run, which the index exists to avoid.
 
 This module names the entries and writes them as runs change class;
-:mod:`durable_steps._index_read` lists them and repairs what it finds stale;
-:mod:`durable_steps._index_registry` keeps the registry.
+:mod:`durable_steps._fleet.listing` lists them and repairs what it finds stale;
+:mod:`durable_steps._fleet.registry` keeps the registry.
 """
 
 from __future__ import annotations
@@ -136,9 +136,10 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from ._drivers import Delete, ListObjects, Protocol
-from ._events import logger
-from ._index_registry import (  # the registry: which workflows the index covers, in which layout
+from .._drivers import Delete, ListObjects, Protocol
+from .._events import logger
+from ..errors import StoreError
+from .registry import (
     _REGISTERED,
     COMPLETE,
     OLD_COMPLETE,
@@ -151,11 +152,10 @@ from ._index_registry import (  # the registry: which workflows the index covers
     registry_key,
     workflows,
 )
-from .errors import StoreError
 
 if TYPE_CHECKING:
-    from ._record.checkpoint import Checkpoint
-    from .stores import ObjectInfo
+    from .._record.checkpoint import Checkpoint
+    from ..stores import ObjectInfo
 
 __all__ = [
     "COMPLETE",

@@ -66,8 +66,8 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any, Literal
 
-from ._events import logger
-from .errors import CheckpointConflict
+from .._events import logger
+from ..errors import CheckpointConflict
 
 __all__ = [
     "HOST_ENV",

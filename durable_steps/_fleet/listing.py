@@ -1,6 +1,6 @@
 """The index of runs, read: what is live, and repairs by whoever finds a stale entry.
 
-:mod:`durable_steps._index` names the entries and writes them as runs change
+:mod:`durable_steps._fleet.index` names the entries and writes them as runs change
 class; this module lists them (one LIST for the live runs of a workflow, one
 for its newest finished runs) and, for a reader that went on to read a
 run's head, brings the run's entries in line with it (:func:`repair`).
@@ -11,10 +11,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from . import _index
-from ._drivers import Delete, Get, ListObjects, Protocol
-from ._events import logger
-from ._index import (
+from .._drivers import Delete, Get, ListObjects, Protocol
+from .._events import logger
+from ..errors import DurableStepsError, StoreError
+from . import index as _index
+from .index import (
     NONCE_CHARS,
     Entry,
     create_entry,
@@ -25,10 +26,9 @@ from ._index import (
     parse,
     signal_token,
 )
-from .errors import DurableStepsError, StoreError
 
 if TYPE_CHECKING:
-    from ._record.checkpoint import Checkpoint
+    from .._record.checkpoint import Checkpoint
 
 __all__ = ["Live", "done_runs", "live_runs", "repair"]
 
@@ -92,13 +92,14 @@ def repair(live: Live, header: Checkpoint | None, now: float) -> Protocol[None]:
     Called by whoever read the head of a run the index lists (a worker's
     scan): the marker the head calls for is created if missing; what
     outlived its run is removed — every entry of a finished head's nonce
-    (once its done entry exists), and after :data:`~durable_steps._index.GRACE` the entries of no
-    head or of another nonce, and markers of this nonce that the head does
+    (once its done entry exists), and after :data:`~durable_steps._fleet.index.GRACE` the entries
+    of no head or of another nonce, and markers of this nonce that the head does
     not call for. ``now`` is on the store's clock. Best effort.
 
     Why deleting is safe. An entry of no head or of another nonce older than
-    :data:`~durable_steps._index.GRACE` is no creation in progress (a creation sends its head within
-    :data:`~durable_steps._index.CREATE_WITHIN` of its marker, or gives up), and a nonce never
+    :data:`~durable_steps._fleet.index.GRACE` is no creation in progress (a creation sends its head
+    within
+    :data:`~durable_steps._fleet.index.CREATE_WITHIN` of its marker, or gives up), and a nonce never
     comes back. A marker of the head's *own* nonce is another matter: marker
     keys are reused (class and nonce), a writer that finds its new marker
     there already keeps it as it is (old), and the head may change class
@@ -139,7 +140,7 @@ def _reread(header: Checkpoint) -> Protocol[None]:
     """After deleting a stale marker of a live head: the head again, and the entry
     it calls for now created (see :func:`repair`).
     """
-    from ._record import checkpoint as ckpt
+    from .._record import checkpoint as ckpt
 
     key = ckpt.checkpoint_key(header.workflow, header.run_id)
     got = yield Get(key)

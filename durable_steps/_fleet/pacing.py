@@ -4,7 +4,7 @@ The problem
     Google Cloud Storage accepts about one write per second to one object
     name; faster writes of it are answered ``429 Too Many Requests``. The
     run's head is one object, and while a step runs every ``ctx.call`` and
-    every ``ctx.effect`` rewrites it (see :mod:`durable_steps._journal`). A
+    every ``ctx.effect`` rewrites it (see :mod:`durable_steps._execution.journal`). A
     step making quick sequential calls (an agent's cheap tool calls, a cache
     hit) met 429s, exhausted its retries and failed with ``StoreError``.
 
@@ -61,7 +61,7 @@ What may wait for the next slot, and what may not
     journal's queue, and that write carries the deferred results; a wait
     that records nothing (``wait_for`` without a timeout, a wait recorded
     already) has the runner write the deferred results just before the
-    suspension (:meth:`~durable_steps._log.Log.flush`). Then the journal is
+    suspension (:meth:`~durable_steps._execution.log.Log.flush`). Then the journal is
     closed — its timer cancelled, any write in flight finished — and only
     then does the runner write the suspension.
 

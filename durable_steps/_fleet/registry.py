@@ -1,6 +1,6 @@
 """The registry of the index of runs: which workflows it covers, in which layout.
 
-See :mod:`durable_steps._index` ("The registry"): ``_index/workflows/<workflow>/<state>``
+See :mod:`durable_steps._fleet.index` ("The registry"): ``_index/workflows/<workflow>/<state>``
 (``flat``, ``indexed`` — complete in the earlier per-run-folder layout — or
 ``partial``) and ``_index/flat-complete`` (every workflow is registered). Readers trust
 the index of a workflow only when it is ``flat``; anything else is listed whole.
@@ -11,11 +11,11 @@ from __future__ import annotations
 import contextlib
 from typing import TYPE_CHECKING
 
-from ._drivers import Delete, ListObjects, Protocol, Put
-from .errors import CheckpointConflict
+from .._drivers import Delete, ListObjects, Protocol, Put
+from ..errors import CheckpointConflict
 
 if TYPE_CHECKING:
-    from .stores import ObjectInfo
+    from ..stores import ObjectInfo
 
 __all__ = [
     "COMPLETE",

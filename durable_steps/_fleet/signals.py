@@ -29,11 +29,9 @@ import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
-from . import _index
-from ._approval import accepted, approval, refusal
-from ._drivers import drive_sync
-from ._record import checkpoint as ckpt
-from .errors import (
+from .._drivers import drive_sync
+from .._record import checkpoint as ckpt
+from ..errors import (
     CheckpointConflict,
     CorruptCheckpoint,
     DurableStepsError,
@@ -41,11 +39,13 @@ from .errors import (
     SerializationError,
     SignalRefused,
 )
-from .serializers import check_json
-from .stores import command_hint
+from ..serializers import check_json
+from ..stores import command_hint
+from . import index as _index
+from .approval import accepted, approval, refusal
 
 if TYPE_CHECKING:
-    from .stores import Store
+    from ..stores import Store
 
 __all__ = [
     "MAX_PAYLOAD",
@@ -184,7 +184,7 @@ def wakes(data: bytes, nonce: str, accepts: object) -> bool:
     """Whether a signal object wakes the run with ``nonce`` whose wait accepts
     ``accepts``: sent to it, and of a shape it takes. One received already whose
     payload the wait does not take (an earlier version recorded it unchecked)
-    does not: the wait treats it as not received (``_waits.wait_for``).
+    does not: the wait treats it as not received (``_execution.waits.wait_for``).
     """
     record = _unverified(data)
     return (
@@ -220,7 +220,7 @@ def _replaceable(data: bytes, nonce: str, wait: dict[str, Any] | None, payload: 
 def refuse_unaccepted(status: object, wait: object, run: str, name: str, payload: Any) -> None:
     """Raise SignalRefused if the run (``status``, its header's ``wait``) waits for
     signal ``name`` and ``payload`` is not what the wait accepts (see
-    :mod:`durable_steps._approval`). The web page asks before it confirms.
+    :mod:`durable_steps._fleet.approval`). The web page asks before it confirms.
     """
     if status != "waiting" or not isinstance(wait, dict):
         return
@@ -322,7 +322,7 @@ def send(  # noqa: PLR0917 - the public wf.signal's arguments, plus where
     if isinstance(nonce, str):
         # The nudge once more, after the signal (create-only: one refused PUT, as a
         # rule). A sender killed between the two writes leaves a nudge with no
-        # signal; a worker whose resume finds none deletes it (``_finding``), so it
+        # signal; a worker whose resume finds none deletes it (``_fleet.finding``), so it
         # may have deleted ours just now, before our signal landed: this puts it
         # back. Either our nudge is written after that delete, or the worker's second
         # look at the signal, after its delete, sees the signal and writes it.

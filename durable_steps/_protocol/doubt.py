@@ -13,14 +13,14 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from ._context import Context
-from ._drivers import AwaitableInSyncRun, Call, Protocol
-from ._events import logger
-from ._failures import give_up
-from ._run import RunState
-from ._step import Fired, Step
-from .errors import CheckpointConflict, DefinitionError, StepInDoubt
-from .stores import command_hint
+from .._drivers import AwaitableInSyncRun, Call, Protocol
+from .._events import logger
+from .._execution.context import Context
+from .._execution.run_state import RunState
+from .._step import Fired, Step
+from ..errors import CheckpointConflict, DefinitionError, StepInDoubt
+from ..stores import command_hint
+from .failures import give_up
 
 __all__ = ["call_owned", "settle_doubt", "settle_effects"]
 

@@ -5,12 +5,12 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from ._context import Context
-from ._drivers import Protocol
-from ._record import history
-from ._run import RunState
-from ._step import Step
-from .errors import StepFailed
+from .._drivers import Protocol
+from .._execution.context import Context
+from .._execution.run_state import RunState
+from .._record import history
+from .._step import Step
+from ..errors import StepFailed
 
 __all__ = ["give_up", "record_failure", "sentence"]
 

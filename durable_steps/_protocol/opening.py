@@ -1,7 +1,7 @@
 """Opening a run that exists: decode its head, check it is this workflow's and
 free to run here, map it onto the current code, rebuild its state.
 
-:func:`load` is the first thing ``_runner.execute`` does with a head it found.
+:func:`load` is the first thing ``_protocol.runner.execute`` does with a head it found.
 Every check raises before anything is written, so a refused resume leaves the
 run exactly as it was: the wrong workflow or serializer, a live owner (or an
 expired one judged by a clock too far off the store's), or a migration that
@@ -10,13 +10,14 @@ fails.
 
 from __future__ import annotations
 
-from . import _deploy, _index
-from ._drivers import Get, Protocol
-from ._events import logger
-from ._lease import describe, judge, store_skew
-from ._record import checkpoint as ckpt
-from ._run import RunState
-from .errors import CorruptCheckpoint, DurableStepsError, RunLocked
+from .._deploys import positions as _deploy
+from .._drivers import Get, Protocol
+from .._events import logger
+from .._execution.run_state import RunState
+from .._fleet import index as _index
+from .._fleet.leases import describe, judge, store_skew
+from .._record import checkpoint as ckpt
+from ..errors import CorruptCheckpoint, DurableStepsError, RunLocked
 
 __all__ = ["RunGone", "load"]
 

@@ -6,18 +6,18 @@ import base64
 import time
 from typing import TYPE_CHECKING, Any
 
-from . import _index
-from ._drivers import drive_sync
-from ._lease import describe, is_live, store_skew
-from ._record import checkpoint as ckpt
-from ._record import format2 as f2
-from ._record import history
-from .errors import CheckpointConflict, DefinitionError, DurableStepsError, RunLocked
-from .serializers import SIGNED_SUFFIX, plain_json
+from .._drivers import drive_sync
+from .._fleet import index as _index
+from .._fleet.leases import describe, is_live, store_skew
+from .._record import checkpoint as ckpt
+from .._record import format2 as f2
+from .._record import history
+from ..errors import CheckpointConflict, DefinitionError, DurableStepsError, RunLocked
+from ..serializers import SIGNED_SUFFIX, plain_json
 
 if TYPE_CHECKING:
-    from .serializers import Serializer
-    from .stores import Store
+    from ..serializers import Serializer
+    from ..stores import Store
 
 NO_RESULT: Any = object()
 """``resolve``'s default: no result given (None is a result)."""

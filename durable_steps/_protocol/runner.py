@@ -6,7 +6,7 @@ itself: it *yields* effects (:class:`Get`, :class:`Put`, :class:`Delete`,
 has their exceptions thrown in). ``drive_sync`` and ``drive_async`` perform
 the effects — directly, or with ``await`` and ``asyncio.to_thread`` — so
 ``run`` and ``arun`` share every line of the protocol and cannot drift apart.
-:class:`~durable_steps._run.RunState` makes every write.
+:class:`~durable_steps._execution.run_state.RunState` makes every write.
 
 The write protocol of one step, where ``V`` is the version (ETag) this
 process last read or wrote::
@@ -35,31 +35,31 @@ from typing import Any
 
 import tenacity
 
-from . import _deploy
-from ._context import Context
-from ._doubt import settle_doubt, settle_effects
-from ._drivers import Await, AwaitableInSyncRun, Call, Get, Protocol, Sleep
-from ._events import logger
-from ._failures import give_up, record_failure, sentence
-from ._journal import Journal
-from ._lease import Heartbeat
-from ._opening import RunGone, load
-from ._plan import Plan
-from ._record import checkpoint as ckpt
-from ._record import format2 as f2
-from ._record import history
-from ._run import Released, RunState
-from ._step import Step
-from ._waiting import settle_wait, suspend, wake
-from ._waits import Suspend
-from .errors import (
+from .._deploys import positions as _deploy
+from .._drivers import Await, AwaitableInSyncRun, Call, Get, Protocol, Sleep
+from .._events import logger
+from .._execution.context import Context
+from .._execution.journal import Journal
+from .._execution.plan import Plan
+from .._execution.run_state import Released, RunState
+from .._execution.waits import Suspend
+from .._fleet.leases import Heartbeat
+from .._record import checkpoint as ckpt
+from .._record import format2 as f2
+from .._record import history
+from .._step import Step
+from ..errors import (
     CheckpointConflict,
     DefinitionError,
     DurableStepsError,
     SerializationError,
     StoreError,
 )
-from .stores import DEFAULT_STORE, STORE_ENV
+from ..stores import DEFAULT_STORE, STORE_ENV
+from .doubt import settle_doubt, settle_effects
+from .failures import give_up, record_failure, sentence
+from .opening import RunGone, load
+from .suspending import settle_wait, suspend, wake
 
 __all__ = ["RunGone", "execute", "submit"]
 
@@ -370,7 +370,7 @@ def _settle_wait(
 def _settled(run: RunState, journal: Journal | None) -> Protocol[None]:
     """Wait for the effects an attempt left running (a sibling of ``gather``, a
     thread), so they finish and are recorded before the step is retried,
-    suspended or committed — and never fire twice at once (see ``_firing``).
+    suspended or committed — and never fire twice at once (see ``_execution.firing``).
     """
     running = journal.firings() if journal is not None else ()
     if running:
@@ -436,7 +436,7 @@ def _commit(
     committed = header.with_commit(
         step.name, attempts, seconds, iteration=iteration, next_step=next_step, completed=done
     )
-    if committed.code is not run.plan.code:  # the code of every commit (see _fingerprints)
+    if committed.code is not run.plan.code:  # the code of every commit (see _deploys.fingerprints)
         committed = committed.replace(code=run.plan.code)
     kind = history.COMMIT if attempts else history.RESOLVED
     entry = history.add(header, kind, step.name, attempts, seconds, time.time(), _calls(ctx))

@@ -1,6 +1,6 @@
 """Suspending a run that waits (``ctx.sleep``, ``ctx.wait_for``) and waking it.
 
-A step that waits raises :class:`~durable_steps._waits.Suspend` (after
+A step that waits raises :class:`~durable_steps._execution.waits.Suspend` (after
 journaling the wake time, or finding no signal). The runner then writes the
 head once more — status ``waiting``, the header's ``wait`` saying for what,
 no owner — and raises :class:`~durable_steps.RunSuspended`: nothing holds
@@ -16,17 +16,17 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from ._approval import APPROVAL, SHAPE, accepted
-from ._context import Context
-from ._drivers import Get, Protocol
-from ._events import logger
-from ._journal import MISS, Journal
-from ._run import RunState
-from ._signals import signal_key, wakes
-from ._step import Step
-from ._waits import Pending, Suspend, receive
-from .errors import RunSuspended
-from .stores import command_hint
+from .._drivers import Get, Protocol
+from .._events import logger
+from .._execution.context import Context
+from .._execution.journal import MISS, Journal
+from .._execution.run_state import RunState
+from .._execution.waits import Pending, Suspend, receive
+from .._fleet.approval import APPROVAL, SHAPE, accepted
+from .._fleet.signals import signal_key, wakes
+from .._step import Step
+from ..errors import RunSuspended
+from ..stores import command_hint
 
 __all__ = ["settle_wait", "suspend", "suspended", "waits_for", "wake"]
 
@@ -43,7 +43,7 @@ def settle_wait(
     """Do a wait's store work for the step, off the event loop: write what it left
     ``pending``, look for its signal and record the payload (or, past the deadline,
     the timeout). True if the wait can return now: the step runs (again) and
-    finds it all recorded (see ``_waits``).
+    finds it all recorded (see ``_execution.waits``).
     """
     for name, kind, value in pending:
         yield from journal.record(name, kind, None, value)

@@ -1,7 +1,7 @@
 """The stored record: what the bytes of a run are, and nothing else.
 
 Everything that knows how a run looks in the store lives here, below the
-writer (:class:`durable_steps._run.RunState`) that alone uses it to write:
+writer (:class:`durable_steps._execution.run_state.RunState`) that alone uses it to write:
 
 * :mod:`.checkpoint` — the header record of every format (its fields, their
   checks in :mod:`.checks`), encoding, decoding, keys and idempotency keys;

@@ -54,7 +54,7 @@ header says how to read the payload and where the run stands:
     commit. An intent found on resume means the step may have fired.
 ``journal``
     ``null``, or the journal of the step in progress (journaled calls, see
-    :mod:`durable_steps._journal`): ``{"step", "iteration", "calls",
+    :mod:`durable_steps._execution.journal`): ``{"step", "iteration", "calls",
     "open"}`` and, in format 1 only, ``"inline"``. ``calls`` counts the
     results recorded; ``open`` lists the effects whose intent is recorded
     and whose result is not, each ``{"name", "key", "at", "policy"}``
@@ -69,7 +69,7 @@ header says how to read the payload and where the run stands:
     "until", "signal", "since"}`` (``until`` epoch seconds or null,
     ``signal`` a signal name or null), and ``"accepts": "approval"`` when
     the wait takes only an approval payload (absent: any payload; see
-    ``durable_steps._approval``). Set with status ``waiting`` by a
+    ``durable_steps._fleet.approval``). Set with status ``waiting`` by a
     step that suspended (``ctx.sleep``, ``ctx.wait_for``); cleared by the
     first write of the run once it goes on. Optional when read, like
     ``journal``.
@@ -92,7 +92,7 @@ header says how to read the payload and where the run stands:
     ``null``, or the process running the run and its lease:
     ``{"host", "pid", "started", "token", "until"}``, optionally ``"lease"``
     (seconds, > 0), ``"skew"`` (a number or null), ``"boot"`` (str) and
-    ``"pidns"`` (int) (see ``_lease``). ``pid`` is a positive int below
+    ``"pidns"`` (int) (see ``_fleet.leases``). ``pid`` is a positive int below
     2**22 (Linux's ceiling for pid_max) and the times are finite. Set by
     every write of a running run; cleared when the run completes, fails,
     stops in doubt or is released.
@@ -106,7 +106,7 @@ header says how to read the payload and where the run stands:
     the run (a resume under another version calls its ``migrate`` first).
 ``code``
     ``null``, or ``{step: 12 hex digits}``: a fingerprint of each step's
-    code (bytecode and constants, see ``_fingerprints.fingerprint``) as of the
+    code (bytecode and constants, see ``_deploys.fingerprints.fingerprint``) as of the
     last commit, so ``show --app`` and ``plan`` can say which steps changed.
 ``sig``
     Only with a signing key, and always the line's last field: the hex

@@ -239,7 +239,7 @@ _EFFECT_INTENT: _Shape = {
     "policy": (_or_null(_POLICY), _OPTIONAL_KEY),
     "title": (_is_title, _OPTIONAL_KEY),
 }
-"""An entry of ``journal["open"]``: an effect's intent (see ``_journal``)."""
+"""An entry of ``journal["open"]``: an effect's intent (see ``_execution.journal``)."""
 _SHAPES: dict[str, _Shape] = {
     "intent": {
         "step": (_is_str, _REQUIRED_KEY),
@@ -256,7 +256,7 @@ _SHAPES: dict[str, _Shape] = {
         "until": (_or_null(_is_time), _REQUIRED_KEY),
         "signal": (_or_null(_is_str), _REQUIRED_KEY),
         "since": (_is_time, _REQUIRED_KEY),
-        "accepts": (_is_str, _OPTIONAL_KEY),  # "approval" (see _approval); absent: anything
+        "accepts": (_is_str, _OPTIONAL_KEY),  # "approval" (see _fleet.approval); absent: anything
     },
     "error": {
         "step": (_is_str, _REQUIRED_KEY),

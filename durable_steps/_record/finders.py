@@ -35,7 +35,7 @@ __all__ = ["JOURNAL", "Finder", "JSONFinder", "PickleFinder", "inner"]
 
 JOURNAL = "jrn"
 """The op of a journal record: ``["jrn", [step, iteration, name, kind, key], value]``,
-one per record, never mixed with a commit's ops (see ``_journal``)."""
+one per record, never mixed with a commit's ops (see ``_execution.journal``)."""
 
 
 def inner(serializer: Serializer) -> Serializer:

@@ -28,9 +28,9 @@ from collections import defaultdict
 from collections.abc import Callable
 from typing import Any
 
-from .. import _index
-from .._clearing import clear_leftovers, clear_objects
 from .._drivers import drive_sync
+from .._fleet import index as _index
+from .._fleet.clearing import clear_leftovers, clear_objects
 from .._record import checkpoint as ckpt
 from ..errors import CheckpointConflict
 from ..stores import ObjectInfo, Store

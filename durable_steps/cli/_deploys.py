@@ -1,7 +1,7 @@
 """``plan`` and ``fork``: what a deploy of new code does to the runs in flight.
 
 ``plan`` reads (never writes) each run and applies the resume rules of
-:mod:`durable_steps._deploy` with the code of ``--app``, so CI can stop a
+:mod:`durable_steps._deploys.positions` with the code of ``--app``, so CI can stop a
 deploy that would strand a run: exit 0 when every run resumes, 4 when one
 would raise ``WorkflowChanged``. ``fork`` copies a run's last committed state
 and position into a new run (new nonce, new keys), leaving it as it is.
@@ -15,9 +15,10 @@ import os
 from collections.abc import Callable
 from typing import Any
 
-from .. import _deploy, _fork
+from .._deploys import fork as _fork
+from .._deploys import positions as _deploy
 from .._drivers import drive_sync
-from .._plan import Plan
+from .._execution.plan import Plan
 from .._record import checkpoint as ckpt
 from .._workflow import Workflow
 from ..errors import CorruptCheckpoint, WorkflowChanged

@@ -8,7 +8,7 @@ import os
 from collections.abc import Callable
 from typing import Any
 
-from .. import _resolve
+from .._protocol import resolving as _resolve
 from ..serializers import (
     SIGNED_SUFFIX,
     SIGNING_KEY_ENV,

@@ -1,7 +1,7 @@
 """Reading runs through the index of runs: the live ones, the recent ones, a bare id.
 
 What ``ls``, ``show RUN_ID``, ``prune`` and the web page look at, at the cost
-of what is live (see ``durable_steps._index``): the live runs are one LIST
+of what is live (see ``durable_steps._fleet.index``): the live runs are one LIST
 and a GET of each head; the finished ones are read newest first, as many as
 asked. Nothing here writes: workers and ``reindex`` repair the index.
 
@@ -17,8 +17,9 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
-from .. import _index, _index_read
 from .._drivers import drive_sync
+from .._fleet import index as _index
+from .._fleet import listing as _index_read
 from .._record import checkpoint as ckpt
 from ..stores import Store
 from ._base import EXIT_NOT_FOUND, EXIT_USAGE, CommandError, cmd

@@ -10,10 +10,10 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from .. import _deploy
+from .._deploys import positions as _deploy
+from .._deploys.fingerprints import code_changes, fingerprints
 from .._drivers import drive_sync
-from .._fingerprints import code_changes, fingerprints
-from .._lease import is_live
+from .._fleet.leases import is_live
 from .._record import checkpoint as ckpt
 from .._record.format2 import load_state
 from ..errors import CorruptCheckpoint, WorkflowChanged

@@ -1,7 +1,7 @@
 """``reindex``: build the index of runs for a store written before it existed.
 
 Runs made by this version keep their entries in the index themselves (see
-``durable_steps._index``). A store written by an earlier version has runs
+``durable_steps._fleet.index``). A store written by an earlier version has runs
 without entries: until it is reindexed, workers, ``ls``, ``prune`` and the
 web page find them only by listing every run, and say so. ``reindex`` lists
 every run once, reads each head, writes the entry each calls for (a live
@@ -10,7 +10,7 @@ marker, or a finished run's done entry), and marks the workflow (without
 are running — entries are created, never overwritten — and to run again.
 
 It also moves a store out of the earlier layout of the index (a folder per
-run under ``_index/live/``, see ``durable_steps._index``): a workflow that
+run under ``_index/live/``, see ``durable_steps._fleet.index``): a workflow that
 layout indexed whole has only its live runs read and their entries moved
 (what is live, not what ever ran); any other has every run read as above.
 """
@@ -22,8 +22,8 @@ from collections import defaultdict
 from collections.abc import Callable
 from typing import Any
 
-from .. import _index
 from .._drivers import drive_sync
+from .._fleet import index as _index
 from .._record import checkpoint as ckpt
 from ..errors import CorruptCheckpoint
 from ..stores import Store

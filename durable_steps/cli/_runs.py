@@ -16,8 +16,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from typing import Any
 
-from .. import _signals
-from .._lease import is_live, lease_end
+from .._fleet import signals as _signals
+from .._fleet.leases import is_live, lease_end
 from .._record import checkpoint as ckpt
 from ..errors import CorruptCheckpoint
 from ..serializers import SIGNED_SUFFIX, SIGNING_KEY_ENV, JSONSerializer, SignedSerializer

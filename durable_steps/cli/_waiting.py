@@ -15,8 +15,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from .. import _signals
-from .._approval import APPROVAL, SHAPE, approval
+from .._fleet import signals as _signals
+from .._fleet.approval import APPROVAL, SHAPE, approval
 from .._record import checkpoint as ckpt
 from ..errors import DurableStepsError, SerializationError, SignalRefused, StoreError
 from ..serializers import SIGNED_SUFFIX, SIGNING_KEY_ENV, JSONSerializer, SignedSerializer

@@ -20,7 +20,7 @@ Tool calls
     from the (recorded) model response, so the name is the same on every
     re-run of the step. Providers choose the ids, and some make them long (a
     few hundred characters of encoded reasoning state), while a journal name
-    has at most :data:`~durable_steps._journal.MAX_NAME` characters. A long
+    has at most :data:`~durable_steps._execution.journal.MAX_NAME` characters. A long
     id is therefore shortened to its first characters and a digest of the
     whole id: still the same on every re-run, still different for every
     other id, and still recognisable where a name is shown (a title beside
@@ -40,7 +40,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Callable
 
-from .._journal import MAX_NAME
+from .._execution.journal import MAX_NAME
 
 __all__ = ["MAX_TRIES", "response_name", "shortened", "tool_call_name"]
 

@@ -59,8 +59,8 @@ from opentelemetry.context import Context
 from opentelemetry.trace import Link, NonRecordingSpan, SpanContext, Status, StatusCode, TraceFlags
 
 from .._events import Event, logger
+from .._execution.run_state import Released
 from .._record.checkpoint import trace_ids
-from .._run import Released
 from .._version import __version__
 from ..errors import RunSuspended, StepFailed, StepInDoubt
 

@@ -47,7 +47,7 @@ import ray
 
 from .._apps import load_app
 from .._events import logger
-from .._lease import judge, lease_end, store_skew
+from .._fleet.leases import judge, lease_end, store_skew
 from ..errors import DefinitionError
 from ..stores import open_store
 from ..worker import Worker, WorkerReport

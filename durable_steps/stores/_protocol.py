@@ -40,7 +40,7 @@ And one optional attribute, read with ``getattr(store, name, 0.0)``:
 * ``min_write_interval: float``: seconds the service needs between two
   writes of one object name (GCS: about 1). A run then paces its head's
   writes by it and writes the journaled calls made in between together
-  (see ``durable_steps._pacing``). Absent or 0: no limit, every write at once.
+  (see ``durable_steps._fleet.pacing``). Absent or 0: no limit, every write at once.
 """
 
 from __future__ import annotations

@@ -27,7 +27,7 @@ GCS accepts about one write per second to one object name (a faster one is
 answered 429, which is retried). The store says so in
 :attr:`GCSStore.min_write_interval`, and a run paces the writes of its head
 by it, coalescing the journaled call results made in between into the next
-write (see ``durable_steps._pacing``): a step can make many quick calls a
+write (see ``durable_steps._fleet.pacing``): a step can make many quick calls a
 second without meeting the limit.
 """
 

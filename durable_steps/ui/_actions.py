@@ -42,9 +42,9 @@ import threading
 from dataclasses import dataclass, replace
 from typing import Any
 
+from .._fleet.signals import refuse_unaccepted
+from .._protocol.resolving import doubt_keys
 from .._record import checkpoint as ckpt
-from .._resolve import doubt_keys
-from .._signals import refuse_unaccepted
 from ..cli._base import INVOKED, CommandError
 from ..cli._cleanup import _cmd_rm
 from ..cli._deploys import _cmd_fork

@@ -17,9 +17,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from .._lease import is_live, lease_end
+from .._fleet.leases import is_live, lease_end
+from .._protocol.resolving import doubt_keys
 from .._record import checkpoint as ckpt
-from .._resolve import doubt_keys
 from ..cli._format import human_size, run_size, timestamp
 from ..cli._inspect import next_hint
 from ..cli._runs import (

@@ -22,8 +22,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from .. import _index
 from .._drivers import drive_sync
+from .._fleet import index as _index
 from .._record import checkpoint as ckpt
 from ..cli._indexed import _read, _updated, covered, done, locate_indexed, run_key, through_markers
 from ..cli._ls import ls_row

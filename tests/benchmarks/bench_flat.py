@@ -37,7 +37,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent.parent))
 
 import durable_steps as ds
-from durable_steps import _index
+from durable_steps._fleet import index as _index
 from durable_steps._record import checkpoint as ckpt
 from tests.benchmarks.bench_scale import LIVE, _live, _workflow
 from tests.s3servers import start_moto, start_seaweedfs

@@ -7,7 +7,7 @@ sequential ``ctx.call``s (N = 20, 100), three ways (and N = 100 calls of
 50 ms each, a sustained 20 a second, paced):
 
 * ``paced``: ``GCSStore``'s default ``min_write_interval=1.0`` (the quick
-  calls deferred into the next write, see ``durable_steps._pacing``);
+  calls deferred into the next write, see ``durable_steps._fleet.pacing``);
 * ``unpaced``: ``min_write_interval=0`` (what a run did before), GCSStore's
   default retries;
 * ``emulator``: no limit at all, unpaced: what the calls cost without one.

@@ -34,8 +34,8 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import durable_steps as ds
-from durable_steps import _index
 from durable_steps._drivers import drive_sync
+from durable_steps._fleet import index as _index
 from durable_steps._record import checkpoint as ckpt
 
 LIVE = {"queued": 8, "signal": 6, "sleep": 6}

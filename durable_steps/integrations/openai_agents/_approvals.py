@@ -14,7 +14,7 @@ The signal is ``approve:<tool call id>`` (characters a signal name may not
 hold become ``-``; an id too long for a signal name is shortened to its
 head and a digest, :func:`~durable_steps.integrations._names.shortened`),
 also what ``RunSuspended.signal`` and ``show`` give. Its payload is the one
-approval payload of the project (:mod:`durable_steps._approval`):
+approval payload of the project (:mod:`durable_steps._fleet.approval`):
 ``{"approved": true}``, ``{"approved": false, "message": "why"}`` (the model
 is told ``message`` if given, else the SDK's default), or bare ``true`` /
 ``false``. A payload of another shape decides nothing: it is refused when
@@ -36,7 +36,7 @@ import re
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from ..._approval import SHAPE, approval
+from ..._fleet.approval import SHAPE, approval
 from ...errors import SignalRefused
 from .._names import shortened
 

@@ -26,7 +26,7 @@ from .._names import response_name, tool_call_name
 if TYPE_CHECKING:
     from agents import RunContextWrapper
 
-    from ..._context import Context
+    from ..._execution.context import Context
 
 __all__ = ["Binding", "errors_var", "idempotency_key", "key_var", "prefix", "running"]
 

@@ -38,7 +38,7 @@ from pydantic_core import PydanticSerializationError, to_jsonable_python
 from ...errors import SerializationError
 
 if typing.TYPE_CHECKING:
-    from ..._context import Context
+    from ..._execution.context import Context
 
 __all__ = [
     "dump_guardrail",

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 from agents import Agent, Model, MultiProvider, OpenAIConversationsSession, RunConfig, Runner
 
-from ..._approval import APPROVAL
+from ..._fleet.approval import APPROVAL
 from ...errors import DefinitionError
 from ._approvals import decide, signal_name
 from ._binding import Binding, prefix, running
@@ -22,7 +22,7 @@ from ._session import JournaledSession
 if TYPE_CHECKING:
     from agents import RunResult
 
-    from ..._context import Context
+    from ..._execution.context import Context
 
 __all__ = ["DurableRunner"]
 

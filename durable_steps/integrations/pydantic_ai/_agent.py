@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     from pydantic_ai.agent.abstract import AgentRunEvents
     from pydantic_ai.result import StreamedRunResult
 
-    from ..._context import Context
+    from ..._execution.context import Context
 
 _NAME = re.compile(r"[A-Za-z0-9_.\-]{1,64}")
 _NUMBERED = re.compile(r"agent[0-9]+")

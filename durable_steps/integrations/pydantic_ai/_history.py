@@ -52,7 +52,7 @@ from pydantic_ai.messages import ModelMessage, ModelMessagesTypeAdapter
 from ...errors import DefinitionError
 
 if TYPE_CHECKING:
-    from ..._context import Context
+    from ..._execution.context import Context
 
 _KEPT_RUNS = 64
 

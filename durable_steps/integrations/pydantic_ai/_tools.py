@@ -68,7 +68,7 @@ if TYPE_CHECKING:
     from pydantic_ai.tools import RunContext
     from pydantic_ai.toolsets import ToolsetTool
 
-    from ..._context import Context
+    from ..._execution.context import Context
 
 _TOOL_RETURN: TypeAdapter[ToolReturn[Any]] = TypeAdapter(ToolReturn)
 _USAGE: TypeAdapter[RunUsage] = TypeAdapter(RunUsage)
