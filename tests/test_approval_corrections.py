@@ -10,9 +10,6 @@ sends next, nor be counted as sent by ``ls`` or ``show``.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +19,7 @@ import durable_steps as ds
 from durable_steps._record import checkpoint as ckpt
 from durable_steps.cli._waiting import signal_sent
 from tests.storetools import rewrite_header
+from tests.test_approvals import cli
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -40,19 +38,6 @@ def hold(store: ds.Store) -> ds.Workflow:
 def waiting(wf: ds.Workflow, run_id: str = "h1") -> None:
     with pytest.raises(ds.RunSuspended):
         wf.run(run_id, {})
-
-
-def cli(*args: str) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if k != "DURABLE_STEPS_SIGNING_KEY"}
-    return subprocess.run(
-        [sys.executable, "-m", "durable_steps", *args],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        env=env,
-        check=False,
-        timeout=60,
-    )
 
 
 def test_a_correction_sent_before_the_run_waits_replaces_the_typo() -> None:

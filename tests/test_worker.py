@@ -25,6 +25,7 @@ import pytest
 
 import durable_steps as ds
 from durable_steps._drivers import drive_sync
+from durable_steps._fleet import leases as _lease
 from durable_steps._fleet import listing as _index_read
 from durable_steps._record import checkpoint as ckpt
 from tests import workerapp
@@ -333,7 +334,7 @@ def test_durable_steps_host_makes_a_dead_owner_another_hosts(
     assert owner["host"] == "elsewhere"
     with pytest.raises(ds.RunLocked, match=r"elsewhere:\d+ \(lease ends in"):
         wf.run("r1")  # its process is provably gone, but not to "another host"
-    time.sleep(ds._lease.lease_end(owner) - time.time() + 0.1)
+    time.sleep(_lease.lease_end(owner) - time.time() + 0.1)
     assert wf.run("r1") == DONE
 
 
@@ -576,8 +577,8 @@ NOISY_APP = """
 import logging
 
 import durable_steps as ds
-from durable_steps import _index
 from durable_steps._drivers import drive_sync
+from durable_steps._fleet import index as _index
 
 
 def chatty(state):
