@@ -15,7 +15,7 @@ from ._events import Subscriber
 from ._execution.plan import Plan
 from ._fleet import signals as _signals
 from ._fleet.pacing import write_interval
-from ._protocol import resolving as _resolve
+from ._protocol import resolving
 from ._protocol import runner as _runner
 from ._record.checkpoint import validate_name
 from ._step import InDoubt, Retry, Step, callable_with, is_async_callable
@@ -357,7 +357,7 @@ class Workflow:
         return drive_sync(_runner.submit(plan, run_id, state), self.store)
 
     def resolve(
-        self, run_id: str, *, fired: bool, force: bool = False, result: Any = _resolve.NO_RESULT
+        self, run_id: str, *, fired: bool, force: bool = False, result: Any = resolving.NO_RESULT
     ) -> None:
         """Tell an in-doubt run whether its pending step's (or effect's) effect happened.
 
@@ -379,7 +379,7 @@ class Workflow:
         concepts page).
         """
         signer = self.serializer if isinstance(self.serializer, SignedSerializer) else None
-        _resolve.resolve(
+        resolving.resolve(
             self.store,
             self.name,
             validate_name(run_id, "run id"),

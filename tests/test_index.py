@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 import durable_steps as ds
 from durable_steps._drivers import drive_sync
 from durable_steps._fleet import index as _index
-from durable_steps._fleet import listing as _index_read
+from durable_steps._fleet import listing
 from durable_steps._record import checkpoint as ckpt
 from durable_steps.stores import ObjectInfo
 from tests.conftest import StoreTarget, _target
@@ -538,7 +538,7 @@ def test_a_sigkill_at_any_write_never_loses_a_live_run(
         prepare(store, op)
         killed = child(target, op, kill, when)
         assert killed.returncode == -9, (kill, when, killed.stdout, killed.stderr)
-        lives = {lv.run_id: lv for lv in drive_sync(_index_read.live_runs("desk"), store)}
+        lives = {lv.run_id: lv for lv in drive_sync(listing.live_runs("desk"), store)}
         for run_id, header in live_heads(store).items():
             nonces = {m.nonce for m in lives[run_id].markers} if run_id in lives else set()
             assert header.run_nonce[:16] in nonces, (op, kill, when, run_id)

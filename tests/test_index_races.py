@@ -21,7 +21,7 @@ import pytest
 import durable_steps as ds
 from durable_steps._drivers import drive_sync
 from durable_steps._fleet import index as _index
-from durable_steps._fleet import listing as _index_read
+from durable_steps._fleet import listing
 from durable_steps._record import checkpoint as ckpt
 from durable_steps.cli._indexed import covered
 from durable_steps.stores import ObjectInfo
@@ -111,7 +111,7 @@ def test_a_repair_racing_a_release_leaves_the_run_its_marker(target: StoreTarget
         assert running.owner is not None
         nonce = running.run_nonce[:16]
         store.put(_index.live_prefix("desk", "r") + f"stopped-{nonce}", b"")  # the stale hint
-        (live,) = drive_sync(_index_read.live_runs("desk"), store)
+        (live,) = drive_sync(listing.live_runs("desk"), store)
         assert len(live.markers) == 2
     finally:
         owner.stop()
@@ -120,7 +120,7 @@ def test_a_repair_racing_a_release_leaves_the_run_its_marker(target: StoreTarget
     released = head(store, "desk", "r")
     assert released.owner is None
     assert released.status == "running"
-    drive_sync(_index_read.repair(live, running, later()), store)  # the scan's repair, late
+    drive_sync(listing.repair(live, running, later()), store)  # the scan's repair, late
     assert markers(store, "r") == {_index.marker_of(released)}
     assert ds.Worker(wf).claimable() == ["r"]
 
@@ -148,8 +148,8 @@ def test_a_repair_between_a_resolve_marker_and_its_head_loses_no_marker(
     def reader(kind: str, key: str, match: Any) -> bool:
         if kind != "before-put" or key != ckpt.checkpoint_key("desk", "r"):
             return False
-        (live,) = drive_sync(_index_read.live_runs("desk"), store)  # resolve's marker is listed
-        drive_sync(_index_read.repair(live, head(store, "desk", "r"), later()), store)
+        (live,) = drive_sync(listing.live_runs("desk"), store)  # resolve's marker is listed
+        drive_sync(listing.repair(live, head(store, "desk", "r"), later()), store)
         assert stopped not in markers(store, "r")  # the race happened
         return True
 

@@ -55,10 +55,13 @@ def _graph() -> dict[str, set[str]]:
             else:
                 continue
             for target in targets:
-                # the package's __init__ (the public facade) sits above everything
-                if target.startswith("durable_steps.") and _exists(target):
+                # The package itself (its __init__, the public facade) is a node too: it
+                # imports the engine, so an engine module importing it closes a circle.
+                if target == "durable_steps" or (
+                    target.startswith("durable_steps.") and _exists(target)
+                ):
                     unit = _unit(tuple(target.split(".")))
-                    if unit != mine and unit != _unit(tuple(name.split("."))):
+                    if unit != _unit(tuple(name.split("."))):
                         mine.add(unit)
     return graph
 

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 import durable_steps as ds
-from durable_steps._fleet import leases as _lease
+from durable_steps._fleet import leases
 from durable_steps._record import checkpoint as ckpt
 from tests.storetools import Wrapped, rewrite_header
 
@@ -69,8 +69,8 @@ def test_a_malformed_until_never_locks_a_run_for_good() -> None:
     """until=1e308 is capped at updated_at + lease: the run frees when that lease ends."""
     now = time.time()
     owner = owner_record(until=1e308)
-    assert _lease.judge(owner, now=now, since=now - 10) == "live"
-    assert _lease.judge(owner, now=now, since=now - 61) == "expired"
+    assert leases.judge(owner, now=now, since=now - 10) == "live"
+    assert leases.judge(owner, now=now, since=now - 61) == "expired"
 
 
 def test_an_owner_with_a_slow_clock_keeps_its_run() -> None:
@@ -78,40 +78,40 @@ def test_an_owner_with_a_slow_clock_keeps_its_run() -> None:
     translates it, so a correct process does not steal the live run."""
     now = time.time()
     behind = owner_record(until=now - 120 + 60, skew=-120.0)
-    assert _lease.judge(behind, now=now) == "live"
-    assert _lease.judge({**behind, "skew": None}, now=now) == "expired"  # what it was
+    assert leases.judge(behind, now=now) == "live"
+    assert leases.judge({**behind, "skew": None}, now=now) == "expired"  # what it was
 
 
 def test_a_dead_owner_with_a_fast_clock_frees_its_run_in_time() -> None:
     """An owner 120 s ahead that died: its lease ends 60 s after its last write, not 180 s."""
     wrote = time.time()
     ahead = owner_record(until=wrote + 120 + 60, skew=120.0)
-    assert _lease.judge(ahead, now=wrote + 59) == "live"
-    assert _lease.judge(ahead, now=wrote + 61) == "expired"
+    assert leases.judge(ahead, now=wrote + 59) == "live"
+    assert leases.judge(ahead, now=wrote + 61) == "expired"
 
 
 def test_this_process_clock_is_read_in_the_store_clock() -> None:
     """A reader 120 s ahead of the store sees an honest lease as the store does."""
     now = time.time()
     honest = owner_record(until=now + 30)
-    assert _lease.judge(honest, now=now + 120, skew=120.0) == "live"
-    assert _lease.judge(honest, now=now + 120) == "expired"
+    assert leases.judge(honest, now=now + 120, skew=120.0) == "live"
+    assert leases.judge(honest, now=now + 120) == "expired"
 
 
 def test_same_host_identity_is_more_than_the_hostname() -> None:
     """Another machine with our hostname (another boot id), or a container sharing it
     (another PID namespace), is another host: judged by its lease, never by our pid table."""
-    here = owner_record(host=_lease._HOST, pid=os.getpid(), boot=_lease._BOOT)
-    here["pidns"] = _lease._PIDNS
-    assert _lease.judge(here) == "gone"  # our pid, but no execution of ours holds it
-    if _lease._BOOT is not None:
+    here = owner_record(host=leases._HOST, pid=os.getpid(), boot=leases._BOOT)
+    here["pidns"] = leases._PIDNS
+    assert leases.judge(here) == "gone"  # our pid, but no execution of ours holds it
+    if leases._BOOT is not None:
         twin = {**here, "pid": 999_999, "boot": "another-machines-boot"}
-        assert _lease.judge(twin) == "live"  # its lease is on: it may well be running
-        assert _lease.judge({**twin, "until": time.time() - 1}) == "expired"  # claim first
-    if _lease._PIDNS is not None:
-        container = {**here, "pid": 999_999, "pidns": _lease._PIDNS + 1}
-        assert _lease.judge(container) == "live"  # not our pid 999999: lease-based
-        assert _lease.judge({**container, "pidns": _lease._PIDNS}) == "gone"
+        assert leases.judge(twin) == "live"  # its lease is on: it may well be running
+        assert leases.judge({**twin, "until": time.time() - 1}) == "expired"  # claim first
+    if leases._PIDNS is not None:
+        container = {**here, "pid": 999_999, "pidns": leases._PIDNS + 1}
+        assert leases.judge(container) == "live"  # not our pid 999999: lease-based
+        assert leases.judge({**container, "pidns": leases._PIDNS}) == "gone"
 
 
 def test_a_lease_record_is_never_believed_for_long() -> None:
@@ -119,17 +119,17 @@ def test_a_lease_record_is_never_believed_for_long() -> None:
     day after its write: a malformed record locks a run for a bounded time only."""
     now = time.time()
     no_lease = {k: v for k, v in owner_record(until=1e308).items() if k != "lease"}
-    assert _lease.judge(no_lease, now=now, since=now - 10, lease=60) == "live"
-    assert _lease.judge(no_lease, now=now, since=now - 61, lease=60) == "expired"
+    assert leases.judge(no_lease, now=now, since=now - 10, lease=60) == "live"
+    assert leases.judge(no_lease, now=now, since=now - 61, lease=60) == "expired"
     huge = owner_record(until=1e308, lease=1e308)
-    assert _lease.judge(huge, now=now, since=now - 3600) == "live"
-    assert _lease.judge(huge, now=now, since=now - 86_401) == "expired"
+    assert leases.judge(huge, now=now, since=now - 3600) == "live"
+    assert leases.judge(huge, now=now, since=now - 86_401) == "expired"
 
 
 @pytest.mark.parametrize("pid", [2**40, 0, -1, True, "1"])
 def test_an_impossible_pid_on_this_host_is_not_live(pid: Any) -> None:
     """An owner pid of 2**40 (or any non-pid) on this host never reaches os.kill."""
-    assert _lease.judge(owner_record(host=_lease._HOST, pidns=None, boot=None, pid=pid)) == (
+    assert leases.judge(owner_record(host=leases._HOST, pidns=None, boot=None, pid=pid)) == (
         "expired"
     )
 
@@ -142,20 +142,20 @@ def test_a_zombie_owner_is_gone_and_without_proc_kill_alone_decides(
     (a zombie); where /proc cannot be read (macOS) the zombie counts as alive, as before."""
     proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
-        here = owner_record(host=_lease._HOST, pidns=None, boot=None, pid=proc.pid)
-        here["started"] = _lease._process_started(proc.pid)
-        assert _lease.judge(here) == "live"
-        assert _lease.judge({**here, "started": here["started"] + 1}) == "gone"  # a reused pid
+        here = owner_record(host=leases._HOST, pidns=None, boot=None, pid=proc.pid)
+        here["started"] = leases._process_started(proc.pid)
+        assert leases.judge(here) == "live"
+        assert leases.judge({**here, "started": here["started"] + 1}) == "gone"  # a reused pid
         proc.kill()  # not reaped: a zombie until wait()
         deadline = time.monotonic() + 10
-        while (_lease._proc_stat(proc.pid) or (b"?",))[0] != b"Z":
+        while (leases._proc_stat(proc.pid) or (b"?",))[0] != b"Z":
             assert time.monotonic() < deadline, "the child never became a zombie"
             time.sleep(0.01)
-        assert _lease.judge(here) == "gone"
-        monkeypatch.setattr(_lease, "_proc_stat", lambda pid: None)  # no /proc
-        assert _lease.judge(here) == "live"
+        assert leases.judge(here) == "gone"
+        monkeypatch.setattr(leases, "_proc_stat", lambda pid: None)  # no /proc
+        assert leases.judge(here) == "live"
         proc.wait()
-        assert _lease.judge(here) == "gone"
+        assert leases.judge(here) == "gone"
     finally:
         proc.kill()
         proc.wait()
@@ -178,12 +178,12 @@ def test_a_process_whose_main_thread_exited_is_alive_though_its_leader_shows_z()
         assert proc.stdout is not None
         assert proc.stdout.readline() == b"ready\n"
         deadline = time.monotonic() + 10
-        while (_lease._proc_stat(proc.pid) or (b"?",))[0] != b"Z":
+        while (leases._proc_stat(proc.pid) or (b"?",))[0] != b"Z":
             assert time.monotonic() < deadline, "the main thread never exited"
             time.sleep(0.01)
-        here = owner_record(host=_lease._HOST, pidns=None, boot=None, pid=proc.pid)
-        here["started"] = _lease._process_started(proc.pid)
-        assert _lease.judge(here) == "live"
+        here = owner_record(host=leases._HOST, pidns=None, boot=None, pid=proc.pid)
+        here["started"] = leases._process_started(proc.pid)
+        assert leases.judge(here) == "live"
     finally:
         proc.kill()
         proc.communicate()  # reaps it and closes its stdout
@@ -232,8 +232,8 @@ def test_the_lease_records_this_hosts_skew_and_identity() -> None:
     owner = seen[0]
     assert owner["lease"] == 7.0
     assert owner["skew"] == -3.25
-    assert owner["boot"] == _lease._BOOT
-    assert owner["pidns"] == _lease._PIDNS
+    assert owner["boot"] == leases._BOOT
+    assert owner["pidns"] == leases._PIDNS
 
 
 # --- claims -------------------------------------------------------------------------
@@ -272,7 +272,7 @@ def test_resume_from_a_clean_stop_costs_one_get() -> None:
     """A run nobody owns (crashed here, released, never claimed) keeps the one-GET resume."""
     inner = ds.MemoryStore()
     stopped_run(inner)
-    assert header(inner).owner is None or _lease.judge(header(inner).owner) == "gone"
+    assert header(inner).owner is None or leases.judge(header(inner).owner) == "gone"
     store = Recording(inner)
     wf = ds.Workflow("own", store=store)
     wf.step(name="a")(lambda s: None)

@@ -26,7 +26,7 @@ import pytest
 import ray
 
 import durable_steps as ds
-from durable_steps._fleet import leases as _lease
+from durable_steps._fleet import leases
 from durable_steps.integrations.ray import RayDriver, submit_run
 from tests import workerapp
 from tests.conftest import StoreTarget
@@ -330,7 +330,7 @@ def test_paused_owner_on_another_host_keeps_its_run_until_the_lease_ends(
         child.signal(signal.SIGSTOP)
         paused = header(store, "paused1")
         assert paused.owner is not None
-        lease_ends = _lease.lease_end(paused.owner, since=paused.updated_at)
+        lease_ends = leases.lease_end(paused.owner, since=paused.updated_at)
         ref = submit_run(APP, "paused1", store=cluster.store, wait=30)
         taken_at = None
         while taken_at is None:

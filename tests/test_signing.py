@@ -171,12 +171,12 @@ def test_resolve_re_signs_and_readers_without_the_key_still_see_the_header() -> 
 
 def test_resolve_without_the_key_is_refused() -> None:
     """Resolving a signed run needs the key: an unsigned header would be refused later."""
-    from durable_steps._protocol import resolving as _resolve
+    from durable_steps._protocol import resolving
 
     store = ds.MemoryStore()
     workflow(store, []).run("a", {})
     with pytest.raises(ds.DurableStepsError, match="is signed"):
-        _resolve.resolve(store, "pay", "a", fired=True)
+        resolving.resolve(store, "pay", "a", fired=True)
 
 
 def test_show_with_the_key_refuses_an_edited_header(

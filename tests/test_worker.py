@@ -25,8 +25,7 @@ import pytest
 
 import durable_steps as ds
 from durable_steps._drivers import drive_sync
-from durable_steps._fleet import leases as _lease
-from durable_steps._fleet import listing as _index_read
+from durable_steps._fleet import leases, listing
 from durable_steps._record import checkpoint as ckpt
 from tests import workerapp
 from tests.conftest import StoreTarget, one_s3_kind_each
@@ -334,7 +333,7 @@ def test_durable_steps_host_makes_a_dead_owner_another_hosts(
     assert owner["host"] == "elsewhere"
     with pytest.raises(ds.RunLocked, match=r"elsewhere:\d+ \(lease ends in"):
         wf.run("r1")  # its process is provably gone, but not to "another host"
-    time.sleep(_lease.lease_end(owner) - time.time() + 0.1)
+    time.sleep(leases.lease_end(owner) - time.time() + 0.1)
     assert wf.run("r1") == DONE
 
 
@@ -469,7 +468,7 @@ def test_fleet_of_workers_survives_random_kills(
             kills += 1
             workers[victim] = _start_worker(durable_target, children)
         # The index's done entries tell which runs finished: one cheap LIST.
-        done = {e.run_id for e in drive_sync(_index_read.done_runs("fleet"), store)}
+        done = {e.run_id for e in drive_sync(listing.done_runs("fleet"), store)}
     assert kills == 12, f"the runs were done after {kills} kills: the fleet was never tested"
     for w in workers:
         w.signal(signal.SIGTERM)

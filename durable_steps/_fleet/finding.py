@@ -31,7 +31,7 @@ from .._record import checkpoint as ckpt
 from ..errors import CorruptCheckpoint, DefinitionError, DurableStepsError
 from ..stores import command_hint
 from . import index as _index
-from . import listing as _index_read
+from . import listing
 from . import signals as _signals
 from .clearing import clear_leftovers
 from .leases import is_live, store_skew
@@ -96,7 +96,7 @@ class Finder:
         """Runs that raised an unexpected error, with the version they had then
         (None until a scan sees it): skipped until someone changes them."""
         self._skipped: set[str] = set()
-        self._lives: dict[str, _index_read.Live] = {}
+        self._lives: dict[str, listing.Live] = {}
         self._lock = threading.Lock()  # the worker's threads report a gone run (see gone)
 
     def claimable(self, limit: int | None, exclude: set[str] | frozenset[str]) -> list[str]:
@@ -114,7 +114,7 @@ class Finder:
     def _indexed(self, limit: int | None, exclude: set[str] | frozenset[str]) -> list[str]:
         now = time.time()
         skew = store_skew(self.store)
-        lives = drive_sync(_index_read.live_runs(self.workflow), self.store)
+        lives = drive_sync(listing.live_runs(self.workflow), self.store)
         lives.sort(key=lambda live: live.since)  # the longest waiting first
         found: list[str] = []
         for live in lives:
@@ -134,7 +134,7 @@ class Finder:
                 del table[run_id]
         return found
 
-    def _ready(self, live: _index_read.Live, now: float, skew: float | None) -> bool:
+    def _ready(self, live: listing.Live, now: float, skew: float | None) -> bool:
         """Whether ``live`` can be claimed, from its markers where they suffice."""
         hint = live.hint
         seen = self._seen.get(live.run_id)
@@ -156,7 +156,7 @@ class Finder:
             seen.owner, now=now, skew=skew, since=seen.updated_at, lease=self.lease
         )
 
-    def _settled(self, live: _index_read.Live, now: float, skew: float | None) -> bool:
+    def _settled(self, live: listing.Live, now: float, skew: float | None) -> bool:
         """Whether none of the run's entries changed in :data:`~durable_steps._fleet.index.GRACE`:
         then its head is read once (and remembered while its entries stay as they are).
         A marker judged by its name alone could be all an interrupted ``rm`` left — a
@@ -166,7 +166,7 @@ class Finder:
         store_now = now - (skew or 0.0)
         return all(store_now - e.modified > _index.GRACE for e in live.entries)
 
-    def _hinted(self, live: _index_read.Live, hint: _index.Entry, now: float) -> bool:
+    def _hinted(self, live: listing.Live, hint: _index.Entry, now: float) -> bool:
         """Whether a run is ready by its one marker alone (a class that needs no head)."""
         if hint.kind == "waiting":
             due = hint.until is not None and now >= hint.until
@@ -191,7 +191,7 @@ class Finder:
             except DurableStepsError as exc:  # the next scan that reads it repairs it
                 logger.info("worker %s: could not recheck run %s (%s)", self.workflow, run_id, exc)
 
-    def _orphaned(self, live: _index_read.Live, seen: _Seen) -> None:
+    def _orphaned(self, live: listing.Live, seen: _Seen) -> None:
         """A run resumed and waiting again for a signal whose nudge it has: is the
         signal there, and one its wait takes? If not, the nudge is an orphan — its
         sender died between it and the signal object (see ``_fleet.signals.send``), or it
@@ -231,9 +231,7 @@ class Finder:
         got = self.store.get(key)
         return None if got is None else _Seen.of(got[0], got[1], key)
 
-    def _outdated(
-        self, seen: _Seen, live: _index_read.Live, now: float, skew: float | None
-    ) -> bool:
+    def _outdated(self, seen: _Seen, live: listing.Live, now: float, skew: float | None) -> bool:
         """Whether a remembered head may have changed in a way that matters: its
         owner's lease ran out by memory (it may have renewed it since), it is
         missing while an entry is young (a creation in progress: its head lands
@@ -251,7 +249,7 @@ class Finder:
             seen.owner, now=now, skew=skew, since=seen.updated_at, lease=self.lease
         )
 
-    def _read(self, live: _index_read.Live, now: float, skew: float | None) -> _Seen | None:
+    def _read(self, live: listing.Live, now: float, skew: float | None) -> _Seen | None:
         """GET the run's head, remember it, and repair what the index says of it."""
         key = ckpt.checkpoint_key(self.workflow, live.run_id)
         got = self.store.get(key)
@@ -273,10 +271,10 @@ class Finder:
             if not drive_sync(cleared, self.store):
                 return self._seen.get(live.run_id)
         if got is None or header is not None:
-            drive_sync(_index_read.repair(live, header, store_now), self.store)
+            drive_sync(listing.repair(live, header, store_now), self.store)
         return self._seen.get(live.run_id)
 
-    def _requarantined(self, live: _index_read.Live, now: float, skew: float | None) -> bool:
+    def _requarantined(self, live: listing.Live, now: float, skew: float | None) -> bool:
         """A quarantined run's head, read again once a while: changed, it may go."""
         seen = self._read(live, now, skew)
         return (

@@ -11,6 +11,6 @@
   waits and waking it (the step's side is :mod:`durable_steps._execution.waits`).
 
 May import: everything below it (the top-level foundations, ``_fleet``,
-``_execution``, ``_deploys``, ``_record``). Only ``_workflow``, ``worker``
-and the command line import it.
+``_execution``, ``_deploys``, ``_record``). Only ``_workflow``, ``worker``,
+the command line and the web page (resolving an in-doubt step) import it.
 """

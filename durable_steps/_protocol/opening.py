@@ -10,7 +10,7 @@ fails.
 
 from __future__ import annotations
 
-from .._deploys import positions as _deploy
+from .._deploys import positions
 from .._drivers import Get, Protocol
 from .._events import logger
 from .._execution.run_state import RunState
@@ -47,7 +47,7 @@ def load(run: RunState, data: bytes, version: str) -> Protocol[bool]:
             run=run.name,
         )
     if run.header.status != "waiting":  # a waiting run migrates once it wakes (execute)
-        yield from _deploy.migrate(run)  # before any other write: a failure writes nothing
+        yield from positions.migrate(run)  # before any other write: a failure writes nothing
     header = run.header
     if header.status not in ("completed", "deleted", "waiting"):  # a waiting one: _wake says
         step = run.plan.steps[header.next_step].name
@@ -80,11 +80,11 @@ def _check(run: RunState, data: bytes, version: str) -> bool:
             f"{header.run}; it was left untouched.",
             run=run.name,
         )
-    _deploy.check_serializer(run.name, header.serializer, plan.serializer.name)
+    positions.check_serializer(run.name, header.serializer, plan.serializer.name)
     claim = plan.claim
     if header.status not in ("completed", "deleted"):
         claim = _check_owner(run, header) or claim
-        header = _deploy.adopt(run, header)  # resume by step name
+        header = positions.adopt(run, header)  # resume by step name
     run.header, run.payload, run.version = header, payload, version
     run.pace.seen(header.updated_at)  # its last writer may have written it a moment ago
     run.entry = _index.entry_of(header)  # as stored: a resume's first write moves it

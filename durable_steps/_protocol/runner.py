@@ -35,7 +35,7 @@ from typing import Any
 
 import tenacity
 
-from .._deploys import positions as _deploy
+from .._deploys import positions
 from .._drivers import Await, AwaitableInSyncRun, Call, Get, Protocol, Sleep
 from .._events import logger
 from .._execution.context import Context
@@ -96,7 +96,7 @@ def execute(plan: Plan, run_id: str, initial: Any, *, create: bool = True) -> Pr
                 # Two processes may wake a run at once (a worker, a wait=True
                 # loop): claim it before its step, so only one goes on.
                 claim = True
-                yield from _deploy.migrate(run)
+                yield from positions.migrate(run)
             if claim:
                 # An explicit claim before any step (or reconcile) runs: from
                 # here on a process that held the run is fenced off by the

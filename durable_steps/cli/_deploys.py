@@ -16,7 +16,7 @@ from collections.abc import Callable
 from typing import Any
 
 from .._deploys import fork as _fork
-from .._deploys import positions as _deploy
+from .._deploys import positions
 from .._drivers import drive_sync
 from .._execution.plan import Plan
 from .._record import checkpoint as ckpt
@@ -64,7 +64,7 @@ def _assess(workflow: Workflow, data: bytes, name: str, key: str) -> dict[str, A
         return {**out, "resumes": True, "next_step": None, "notes": ["finished: nothing to run"]}
     plan = workflow._plan(header.run_id, asynchronous=True)
     try:
-        decision = _deploy.preview(header, plan)
+        decision = positions.preview(header, plan)
     except WorkflowChanged as exc:
         return {**out, "resumes": False, "error": f"WorkflowChanged: {exc.message}"}
     step = decision.steps[decision.next_step]

@@ -8,7 +8,7 @@ import os
 from collections.abc import Callable
 from typing import Any
 
-from .._protocol import resolving as _resolve
+from .._protocol import resolving
 from ..serializers import (
     SIGNED_SUFFIX,
     SIGNING_KEY_ENV,
@@ -50,12 +50,12 @@ def _cmd_resolve(args: argparse.Namespace, store: Store, style: Style) -> int:
     # serializer plays no part in signing a header).
     key = os.environ.get(SIGNING_KEY_ENV)
     signer = SignedSerializer(JSONSerializer(), key) if key else None
-    result = _resolve.NO_RESULT
+    result = resolving.NO_RESULT
     serializer = None
     if args.result is not None:
         result = json_argument(args.result, "--result")
         serializer = resolve_serializer(header.serializer.removesuffix(SIGNED_SUFFIX), key)
-    _resolve.resolve(
+    resolving.resolve(
         store,
         workflow,
         run_id,
@@ -76,7 +76,7 @@ def _cmd_resolve(args: argparse.Namespace, store: Store, style: Style) -> int:
         where = f"iteration {intent.get('iteration')}, key {intent.get('key')}"
         resolved.append(f"step {intent.get('step')!r} ({where})")
     resolved += [f"effect {effect_label(e)} (key {e.get('key')})" for e in effects]
-    if result is not _resolve.NO_RESULT:
+    if result is not resolving.NO_RESULT:
         shown = json.dumps(result, separators=(",", ":"))
         shown = shown if len(shown) <= 200 else f"{shown[:197]}..."
         what += f"; the result {shown} was recorded: its ctx.effect returns it"

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 from .._drivers import drive_sync
 from .._fleet import index as _index
-from .._fleet import listing as _index_read
+from .._fleet import listing
 from .._record import checkpoint as ckpt
 from ..stores import Store
 from ._base import EXIT_NOT_FOUND, EXIT_USAGE, CommandError, cmd
@@ -85,7 +85,7 @@ def through_markers(
     crash between a run's last head and its done entry leaves it with only its old
     ``running`` marker, and it must not vanish from ``ls`` and ``prune`` for that.
     """
-    lives = [lv for lv in drive_sync(_index_read.live_runs(workflow), store) if lv.markers]
+    lives = [lv for lv in drive_sync(listing.live_runs(workflow), store) if lv.markers]
     if only is not None:
         lives = [lv for lv in lives if any(m.kind == only for m in lv.markers)]
     lives.sort(key=lambda lv: -lv.since)
@@ -95,7 +95,7 @@ def through_markers(
     return [r for r in runs if r.status not in ("completed", "deleted")], over
 
 
-def _signals(live: _index_read.Live) -> frozenset[str]:
+def _signals(live: listing.Live) -> frozenset[str]:
     """The signals sent to the run (its nudges), as ``waiting_for`` wants them."""
     nonces = {m.nonce for m in live.markers}
     return frozenset(n.signal for n in live.nudges if n.signal and n.nonce in nonces)
@@ -108,7 +108,7 @@ def done(store: Store, workflow: str | None, limit: int | None) -> list[_index.E
     names = [workflow] if workflow else sorted(drive_sync(_index.workflows(), store))
     entries: list[_index.Entry] = []
     for name in names:
-        entries += drive_sync(_index_read.done_runs(name, limit), store)
+        entries += drive_sync(listing.done_runs(name, limit), store)
     entries.sort(key=lambda e: -(e.finished or 0.0))
     return entries if limit is None else entries[:limit]
 
@@ -208,7 +208,7 @@ def aged(
             if (e.finished or 0.0) <= finished_before
         ]
     now, young = time.time(), set()
-    for lv in drive_sync(_index_read.live_runs(workflow), store):
+    for lv in drive_sync(listing.live_runs(workflow), store):
         keys = tuple(sorted(lv.keys))
         failing = failed and any(m.kind == "failed" for m in lv.markers)
         leftover = not lv.markers and finished_before is not None  # a gone run's nudges
@@ -269,9 +269,7 @@ def locate_indexed(store: Store, run_id: str) -> list[str] | None:
     registered = drive_sync(_index.workflows(), store)
     if not (all(registered.values()) and drive_sync(_index.complete(), store)):
         return None
-    found = {
-        lv.workflow for lv in drive_sync(_index_read.live_runs(), store) if lv.run_id == run_id
-    }
+    found = {lv.workflow for lv in drive_sync(listing.live_runs(), store) if lv.run_id == run_id}
     others = [w for w in registered if w not in found]
     if others:
         with ThreadPoolExecutor(max_workers=min(16, len(others))) as pool:

@@ -10,7 +10,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from .._deploys import positions as _deploy
+from .._deploys import positions
 from .._deploys.fingerprints import code_changes, fingerprints
 from .._drivers import drive_sync
 from .._fleet.leases import is_live
@@ -251,7 +251,7 @@ def _deploy_text(header: ckpt.Checkpoint, app: Workflow) -> str:
     if header.status in FINISHED:
         return "finished: nothing to resume"
     try:
-        decision = _deploy.preview(header, app._plan(header.run_id, asynchronous=True))
+        decision = positions.preview(header, app._plan(header.run_id, asynchronous=True))
     except WorkflowChanged as exc:
         return f"would not resume: WorkflowChanged: {exc.message}"
     return "; ".join(decision.notes) or "the same steps and version: resumes as it is"

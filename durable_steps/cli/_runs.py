@@ -1,6 +1,6 @@
 """Finding runs in a store and reading one: what every command looks at first.
 
-A ``running`` run no live process owns (``_lease.is_live``) is shown as
+A ``running`` run no live process owns (``leases.is_live``) is shown as
 ``stopped`` -- or ``in_doubt`` when it holds an unresolved intent: its
 non-idempotent step may have fired before the crash. One that crashed in a
 process still alive looks owned to other processes until its lease ends:

@@ -2,7 +2,7 @@
 
 What the page's first screen shows, at the cost of what is live (DESIGN part
 3): one LIST of the live markers and a GET of each live head, then the done
-entries newest first, only as many as the page shows (``_index_read.done_runs``
+entries newest first, only as many as the page shows (``listing.done_runs``
 stops at the limit: at 100,000 finished runs the page reads one LIST page of
 them). Counts per status come from the live heads already read; the finished
 runs are counted up to :data:`COUNT_UP_TO` (a LIST page), never all of them.
