@@ -283,10 +283,34 @@ def test_a_hooks_answer_is_recorded_before_its_tools_run(tmp_path: Path) -> None
 ENTRY_POINTS = ("run", "run_sync", "iter", "run_stream", "run_stream_events")
 
 
+def _hooks_answer_streams() -> bool:
+    """Whether this pydantic-ai's ``on_model_request_error`` hooks answer a streamed
+    request that failed, in a plain agent (2.54, what Python 3.10 resolves: no)."""
+
+    async def failing(messages: list[ModelMessage], info: AgentInfo) -> AsyncIterator[str]:
+        raise ModelHTTPError(503, "function", "busy")
+        yield ""  # an async generator
+
+    agent = Agent(
+        FunctionModel(stream_function=failing), capabilities=[AnswerWith(TextPart("hook"))]
+    )
+
+    async def streamed() -> Any:
+        async with agent.run_stream("go") as result:
+            return await result.get_output()
+
+    try:
+        return asyncio.run(streamed()) == "hook"
+    except ModelHTTPError:
+        return False
+
+
 @pytest.mark.parametrize("entry", ENTRY_POINTS)
 def test_a_final_answer_a_hook_gave_is_recorded_by_the_run(tmp_path: Path, entry: str) -> None:
     """The hook's answer is the final output and the step fails after the run: the
     retry gets the same output, not the model's answer asked anew (every entry point)."""
+    if entry.startswith("run_stream") and not _hooks_answer_streams():
+        pytest.skip("this pydantic-ai's hooks do not answer a streamed request that failed")
     asked: list[int] = []
 
     def model(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
