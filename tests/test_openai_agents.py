@@ -591,7 +591,7 @@ def test_an_sdk_without_an_internal_we_read_is_refused_clearly(
     message = str(refused.value)
     assert f"openai-agents {importlib.metadata.version('openai-agents')}:" in message
     assert f"({internal})" in message
-    assert "pip install 'openai-agents>=0.24,<0.25'" in message
+    assert "pip install 'openai-agents>=0.24,<0.26'" in message
 
 
 def test_the_probe_runs_when_the_integration_is_imported() -> None:

@@ -72,8 +72,9 @@ An SDK-managed model retry (``ModelSettings(retry=...)``) names its retry
 inside the recorded call.
 
 SDK internals. Everything is read through the SDK's public names (``from
-agents import ...``) except what openai-agents 0.24 has no public name for —
-which is why the ``openai-agents`` extra pins ``<0.25``:
+agents import ...``) except what openai-agents 0.24 and 0.25 have no public
+name for — which is why the ``openai-agents`` extra pins ``<0.26`` (each new
+minor release is tried by CI's newest-releases lane before the cap moves):
 ``Handoff._agent_ref`` (a handoff's target, to copy and journal it),
 ``Model._cleanup_on_run_end`` (the run-end hook the SDK calls on the
 journaled model, forwarded to the user's), ``RunResult._last_agent`` (set

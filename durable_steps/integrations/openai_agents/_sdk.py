@@ -1,8 +1,8 @@
 """The openai-agents internals this integration reads, checked once when it is imported.
 
 Everything else comes from the SDK's public names (``from agents import ...``).
-openai-agents 0.24 has no public counterpart for these, so the ``openai-agents``
-extra pins ``<0.25``, and :func:`require` refuses, at import, an SDK that lacks
+openai-agents 0.24 and 0.25 have no public counterpart for these, so the
+``openai-agents`` extra pins ``<0.26``, and :func:`require` refuses, at import, an SDK that lacks
 one — an ``ImportError`` naming the SDK's version and what is missing, rather
 than an ``AttributeError`` in the middle of a step (or, worse, a hook that is
 silently never called):
@@ -39,7 +39,7 @@ import agents
 
 __all__ = ["INTERNALS", "missing", "require"]
 
-SUPPORTED = ">=0.24,<0.25"
+SUPPORTED = ">=0.24,<0.26"
 
 
 def _usage(name: str) -> bool:
