@@ -38,9 +38,19 @@ from tests.pydaiscenes import Order, build, norm_events, norm_messages, usage_of
 pytestmark = pytest.mark.pydantic_ai
 
 
-def retried(tmp_path: Path, body: Callable[[ds.Context], Awaitable[Any]]) -> list[Any]:
-    """``body(ctx)`` in a step that fails once after it: what each attempt returned."""
-    wf = ds.Workflow("parity", store=ds.LocalStore(tmp_path))
+def retried(
+    tmp_path: Path,
+    body: Callable[[ds.Context], Awaitable[Any]],
+    names: list[str | None] | None = None,
+) -> list[Any]:
+    """``body(ctx)`` in a step that fails once after it: what each attempt returned;
+    the names of the calls recorded go to ``names`` when given."""
+    record = [] if names is None else names
+    wf = ds.Workflow(
+        "parity",
+        store=ds.LocalStore(tmp_path),
+        on_event=[lambda e: record.append(e.call) if e.kind == "call_recorded" else None],
+    )
     seen: list[Any] = []
 
     @wf.step(retry=ds.Retry(attempts=2, wait=0, on=RuntimeError))

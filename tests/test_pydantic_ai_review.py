@@ -17,7 +17,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -37,30 +37,9 @@ from pydantic_ai.models.function import AgentInfo, DeltaToolCall, FunctionModel
 import durable_steps as ds
 from durable_steps.integrations.pydantic_ai import DurableAgent, idempotency_key
 from tests.pydaiscenes import norm_messages
+from tests.test_pydantic_ai_parity import retried
 
 pytestmark = pytest.mark.pydantic_ai
-
-
-def retried(
-    tmp_path: Path, body: Callable[[ds.Context], Awaitable[Any]], names: list[str | None]
-) -> list[Any]:
-    """``body(ctx)`` in a step that fails once after it: what each attempt returned;
-    the names of the calls recorded in ``names``."""
-    wf = ds.Workflow(
-        "review",
-        store=ds.LocalStore(tmp_path),
-        on_event=[lambda e: names.append(e.call) if e.kind == "call_recorded" else None],
-    )
-    seen: list[Any] = []
-
-    @wf.step(retry=ds.Retry(attempts=2, wait=0, on=RuntimeError))
-    async def turn(state: dict[str, Any], ctx: ds.Context) -> None:
-        seen.append(await body(ctx))
-        if ctx.attempt == 1:
-            raise RuntimeError("after the agent run: the retry replays it")
-
-    asyncio.run(wf.arun("r", {}))
-    return seen
 
 
 def test_tool_calls_sharing_an_id_in_one_response_each_get_their_own_record(
